@@ -1,0 +1,60 @@
+# ZeRO by hand: two commands for everyone (`make lab`, `make test`), more for instructors.
+# Everything runs in .venv, created on first use.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.zerocourse-installed
+# Where `make lab` keeps YOUR copies of the notebooks (git-ignored, never overwritten).
+WORKDIR ?= my-notebooks
+LAB_ARGS ?=
+
+.PHONY: help setup lab test test-fast release check-release grade feedback check bench clean-venv
+
+help:
+	@echo "make lab       set up .venv and open the course in JupyterLab (your copies: $(WORKDIR)/)"
+	@echo "make test      set up .venv and run every test"
+	@echo "make release   regenerate notebooks/ from solutions/ (instructors)"
+	@echo "make grade SUBMISSIONS=dir OUT=dir   autograde <student>/<assignment>/<assignment>.ipynb"
+	@echo "make check NOTEBOOK=path.ipynb      run a notebook's tests before submitting"
+
+$(STAMP): requirements.txt pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --upgrade --quiet pip
+	$(PY) -m pip install --quiet -r requirements.txt
+	$(PY) -m pip install --quiet --no-deps -e .
+	@touch $(STAMP)
+
+setup: $(STAMP)
+
+# Copy the course's notebooks into $(WORKDIR) once: files already there are yours and are
+# never overwritten, so `git pull` brings new notebooks without touching your work.
+lab: setup
+	@mkdir -p $(WORKDIR)
+	@for d in notebooks/*/; do \
+	  id=$$(basename $$d); \
+	  if [ ! -e "$(WORKDIR)/$$id" ]; then cp -r "$$d" "$(WORKDIR)/$$id"; echo "new notebook: $(WORKDIR)/$$id"; fi; \
+	done
+	$(VENV)/bin/jupyter lab --notebook-dir=$(WORKDIR) $$( [ "$$(id -u)" = 0 ] && echo --allow-root ) $(LAB_ARGS)
+
+test: setup
+	$(PY) -m pytest tests
+
+release: setup
+	$(PY) autograder/release.py
+
+check-release: setup
+	$(PY) autograder/release.py --check
+
+grade: setup
+	@test -n "$(SUBMISSIONS)" -a -n "$(OUT)" || { echo "usage: make grade SUBMISSIONS=dir OUT=dir"; exit 2; }
+	$(PY) autograder/grade.py "$(SUBMISSIONS)" "$(OUT)"
+
+check: setup
+	@test -n "$(NOTEBOOK)" || { echo "usage: make check NOTEBOOK=my-notebooks/00_setup/00_setup.ipynb"; exit 2; }
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/nbgrader validate "$(NOTEBOOK)"
+
+bench: setup
+	$(PY) -m zerocourse.bench
+
+clean-venv:
+	rm -rf $(VENV)

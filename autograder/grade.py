@@ -1,0 +1,167 @@
+"""Autograde a folder of submissions and write grades.csv and feedback.
+
+    python autograder/grade.py SUBMISSIONS OUT        (what `make grade` runs)
+
+SUBMISSIONS is laid out <student_id>/<assignment_id>/<assignment_id>.ipynb.
+OUT becomes an nbgrader course folder for this grading run:
+
+    OUT/grades.csv                 student_id, assignment_id, score, max_score, status, seconds
+    OUT/feedback/<student>/<assignment>/<assignment>.html   (hidden tests' source removed)
+    OUT/submitted, OUT/autograded  nbgrader's copies (SUBMISSIONS itself is never modified)
+    OUT/gradebook.db               the gradebook (open it with formgrader for manual grading)
+    OUT/logs/<student>-<assignment>.log   nbgrader's output for each submission
+
+A submission that cannot be graded (not a notebook, wrong assignment id, ...) gets a
+row with score 0 and a status that says why; the others are graded regardless.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import shutil
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from autograder.nbgrader_run import ROOT, assignments, nbgrader  # noqa: E402
+
+FIELDS = ["student_id", "assignment_id", "score", "max_score", "status", "seconds"]
+
+
+def _preflight(path: str) -> str | None:
+    """Why this file cannot be autograded, or None when it looks like a notebook."""
+    if not os.path.isfile(path):
+        return "missing notebook"
+    if os.path.getsize(path) == 0:
+        return "empty file"
+    try:
+        with open(path, encoding="utf-8") as f:
+            nb = json.load(f)
+    except (ValueError, UnicodeDecodeError) as e:
+        return f"not valid JSON ({e.__class__.__name__}: {str(e)[:80]})"
+    if not isinstance(nb, dict) or not isinstance(nb.get("cells"), list):
+        return "not a Jupyter notebook (no cells)"
+    return None
+
+
+def _max_score(db_path: str, aid: str) -> float:
+    from nbgrader.api import Gradebook
+    with Gradebook("sqlite:///" + db_path) as gb:
+        return float(gb.find_assignment(aid).max_score)
+
+
+def _score(db_path: str, aid: str, sid: str) -> float | None:
+    from nbgrader.api import Gradebook, MissingEntry
+    with Gradebook("sqlite:///" + db_path) as gb:
+        try:
+            return float(gb.find_submission(aid, sid).score)
+        except MissingEntry:
+            return None
+
+
+def grade(submissions: str, out: str, timeout: float = 1200.0) -> list[dict]:
+    """Grade every submission under `submissions` into `out`; return the grade rows.
+
+    Args:
+        submissions: folder laid out <student_id>/<assignment_id>/<assignment_id>.ipynb.
+        out: output folder (created; reused across runs, the gradebook keeps growing).
+        timeout: seconds one submission's autograde may take in all.
+    """
+    submissions, out = os.path.abspath(submissions), os.path.abspath(out)
+    if not os.path.isdir(submissions):
+        raise SystemExit(f"SUBMISSIONS={submissions} is not a folder; expected "
+                         f"<student_id>/<assignment_id>/<assignment_id>.ipynb inside it")
+    if out == submissions or out.startswith(submissions + os.sep):
+        raise SystemExit("OUT must be outside SUBMISSIONS (grading must not touch the submissions)")
+    os.makedirs(os.path.join(out, "logs"), exist_ok=True)
+    link = os.path.join(out, "solutions")
+    if not os.path.islink(link):
+        os.symlink(os.path.join(ROOT, "solutions"), link)
+    db_path = os.path.join(out, "gradebook.db")
+    env = {"ZEROCOURSE_NBGRADER_ROOT": out, "ZEROCOURSE_GRADEBOOK": "sqlite:///" + db_path}
+    known = set(assignments())
+
+    work = []
+    for sid in sorted(os.listdir(submissions)):
+        sdir = os.path.join(submissions, sid)
+        if not os.path.isdir(sdir) or sid.startswith("."):
+            continue
+        for aid in sorted(os.listdir(sdir)):
+            if os.path.isdir(os.path.join(sdir, aid)) and not aid.startswith("."):
+                work.append((sid, aid))
+
+    registered = set()
+    rows = []
+    for sid, aid in work:
+        t0 = time.monotonic()
+        row = {"student_id": sid, "assignment_id": aid, "score": 0.0, "max_score": "",
+               "status": "graded", "seconds": 0.0}
+        nb_path = os.path.join(submissions, sid, aid, f"{aid}.ipynb")
+        why = None
+        if aid not in known:
+            why = f"unknown assignment id {aid!r} (course has {sorted(known)})"
+        else:
+            why = _preflight(nb_path)
+        if why is None and aid not in registered:
+            proc = nbgrader("generate_assignment", aid, "--force",
+                            f"--CourseDirectory.release_directory={os.path.join(out, 'release')}",
+                            env=env, timeout=600)
+            if proc.returncode != 0:
+                raise SystemExit(f"cannot register {aid} in the gradebook:\n{proc.stderr[-3000:]}")
+            registered.add(aid)
+        if aid in registered:
+            row["max_score"] = _max_score(db_path, aid)
+        if why is None:
+            dst = os.path.join(out, "submitted", sid, aid)
+            shutil.rmtree(dst, ignore_errors=True)
+            os.makedirs(dst)
+            shutil.copy2(nb_path, os.path.join(dst, f"{aid}.ipynb"))
+            log = []
+            try:
+                for step in (["autograde", aid, "--student", sid, "--create", "--force"],
+                             ["generate_feedback", aid, "--student", sid, "--force"]):
+                    left = timeout - (time.monotonic() - t0)
+                    proc = nbgrader(*step, env=env, timeout=max(left, 1))
+                    log.append(f"$ nbgrader {' '.join(step)}\n{proc.stdout}{proc.stderr}")
+                    if proc.returncode != 0:
+                        why = f"nbgrader {step[0]} failed (see logs/{sid}-{aid}.log)"
+                        break
+            except Exception as e:  # subprocess.TimeoutExpired and friends
+                why = f"grading stopped: {type(e).__name__}"
+            with open(os.path.join(out, "logs", f"{sid}-{aid}.log"), "w") as f:
+                f.write("\n".join(log))
+            score = _score(db_path, aid, sid)
+            if score is not None:
+                row["score"] = score
+        if why is not None:
+            row["status"] = why
+        row["seconds"] = round(time.monotonic() - t0, 1)
+        rows.append(row)
+
+    with open(os.path.join(out, "grades.csv"), "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=FIELDS)
+        writer.writeheader()
+        writer.writerows(rows)
+    return rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description="Autograde SUBMISSIONS into OUT.")
+    parser.add_argument("submissions")
+    parser.add_argument("out")
+    parser.add_argument("--timeout", type=float, default=1200.0,
+                        help="seconds one submission may take (default 1200)")
+    args = parser.parse_args()
+    rows = grade(args.submissions, args.out, args.timeout)
+    width = max([len(r["student_id"]) for r in rows] + [10])
+    for r in rows:
+        print(f"{r['student_id']:<{width}} {r['assignment_id']:<24} "
+              f"{r['score']:>6g} / {r['max_score'] or '?':<6} {r['seconds']:>6}s  {r['status']}")
+    print(f"wrote {os.path.join(os.path.abspath(args.out), 'grades.csv')} ({len(rows)} rows)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

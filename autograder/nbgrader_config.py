@@ -1,0 +1,37 @@
+"""nbgrader configuration of the course.
+
+nbgrader's "source" is solutions/ and its "release" is notebooks/:
+    solutions/<id>/<id>.ipynb  --make release-->  notebooks/<id>/<id>.ipynb
+Grading folders (submitted/, autograded/, feedback/, the gradebook) live outside git:
+`make grade` puts them in the OUT folder the instructor passes. Run nbgrader commands
+from this folder (`cd autograder && nbgrader ...`) so this file is found.
+"""
+import os
+
+c = get_config()  # noqa: F821 - provided by nbgrader
+
+_here = os.path.dirname(os.path.abspath(__file__))
+c.CourseDirectory.course_id = "zero-by-hand"
+c.CourseDirectory.root = os.environ.get("ZEROCOURSE_NBGRADER_ROOT", os.path.dirname(_here))
+c.CourseDirectory.source_directory = "solutions"
+c.CourseDirectory.release_directory = "notebooks"
+c.CourseDirectory.db_url = os.environ.get(
+    "ZEROCOURSE_GRADEBOOK", "sqlite:///" + os.path.join(_here, "gradebook.db"))
+
+# Per-cell limit while autograding. A launch() defaults to 60 s (ZEROCOURSE_TIMEOUT) and a stuck
+# collective errors after 20 s (ZEROCOURSE_COLLECTIVE_TIMEOUT); a test cell stops at its first
+# failure, so one cell never waits for more than one launch timeout.
+c.Execute.timeout = 150
+c.Execute.interrupt_on_timeout = True
+# A kernel that dies must fail the cell it died in (and so the rest), not be restarted quietly.
+c.Execute.allow_errors = True
+
+c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE\nraise NotImplementedError()"}
+c.ClearSolutions.text_stub = "YOUR ANSWER HERE"
+
+# Feedback must not show the hidden tests' source.
+c.GenerateFeedback.preprocessors = [
+    "nbgrader.preprocessors.GetGrades",
+    "nbgrader.preprocessors.ClearHiddenTests",
+    "nbconvert.preprocessors.CSSHTMLHeaderPreprocessor",
+]

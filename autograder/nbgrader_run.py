@@ -1,0 +1,38 @@
+"""Run nbgrader commands with this course's configuration.
+
+nbgrader finds `nbgrader_config.py` in the working directory and calls its own
+tools (alembic) through PATH, so every call goes through `nbgrader(...)` here.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+BIN = os.path.dirname(sys.executable)
+
+
+def assignments() -> list[str]:
+    """Assignment ids: the folders of solutions/ that hold <id>/<id>.ipynb."""
+    src = os.path.join(ROOT, "solutions")
+    return sorted(d for d in os.listdir(src)
+                  if os.path.isfile(os.path.join(src, d, f"{d}.ipynb")))
+
+
+def nbgrader(*args: str, env: dict | None = None, timeout: float | None = None,
+             cwd: str = HERE) -> subprocess.CompletedProcess:
+    """Run `nbgrader *args` from `cwd` (which holds the nbgrader_config.py to use).
+
+    Args:
+        args: the nbgrader subcommand and its arguments.
+        env: extra environment variables.
+        timeout: seconds before the command is killed.
+        cwd: folder whose nbgrader_config.py applies.
+    """
+    full_env = dict(os.environ)
+    full_env["PATH"] = BIN + os.pathsep + full_env.get("PATH", "")
+    full_env.update(env or {})
+    return subprocess.run([os.path.join(BIN, "nbgrader"), *args], cwd=cwd, env=full_env,
+                          capture_output=True, text=True, timeout=timeout)

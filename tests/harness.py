@@ -1,0 +1,102 @@
+"""Grade a notebook's cells in-process: the fast path for bug fixtures.
+
+An nbgrader autograde costs a kernel, imports and a gradebook per submission
+(~20 s). A bug fixture only needs: the notebook's imports and definitions, the
+learner's solution cells (with the bug injected), and the graded test cells
+WITH their hidden tests (as the autograder restores them). `grade_cells` runs
+exactly that, in a fresh namespace in this process, and returns which graded
+cells passed: the same rule nbgrader applies (a test cell passes iff it raises
+nothing). End-to-end autograding through `make grade` is tested separately.
+
+Convention this relies on (see autograder/README.md): graded test cells use only
+imports and definitions from earlier cells, never values computed by demo cells.
+"""
+from __future__ import annotations
+
+import ast
+import os
+import re
+import traceback
+
+from tests.fixtures.make_submission import load, source, strip_markers
+from zerocourse.loader import _cell_code, _keep
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _meta(cell) -> dict:
+    return cell.get("metadata", {}).get("nbgrader", {})
+
+
+def graded_cells(nb: dict) -> dict[str, float]:
+    """grade_id -> points of every graded code cell."""
+    return {_meta(c)["grade_id"]: float(_meta(c).get("points", 0)) for c in nb["cells"]
+            if c["cell_type"] == "code" and _meta(c).get("grade")}
+
+
+def _definitions_only(src: str) -> str:
+    tree = ast.parse(_cell_code(src))
+    tree.body = [s for s in tree.body if _keep(s)]
+    return ast.unparse(tree)
+
+
+def grade_cells(aid: str, solutions: dict[str, str] | None = None,
+                edits: list[tuple[str, str, str]] = (), only: list[str] | None = None,
+                release: bool = False) -> dict[str, str | None]:
+    """Run an assignment's graded cells in-process with the given solution cells.
+
+    Args:
+        aid: assignment id.
+        solutions: grade_id -> source replacing that solution cell (else the reference one).
+        edits: (grade_id, old, new) replacements injected into the reference cells (bugs).
+        only: graded cells to run (default: all); solution cells and definitions always run.
+        release: start from the learner's release copy (stubs) instead of the solutions.
+    Returns:
+        grade_id -> None if the cell passed, else the error text.
+    """
+    sol = load("solutions", aid)
+    cells = sol["cells"]
+    results: dict[str, str | None] = {}
+    ns: dict = {"__name__": "__main__"}
+    rel_cells = {(_meta(c).get("grade_id")): c for c in load("notebooks", aid)["cells"]} if release else {}
+    edits = list(edits)
+    for i, cell in enumerate(cells):
+        if cell["cell_type"] != "code":
+            continue
+        meta = _meta(cell)
+        gid = meta.get("grade_id")
+        src = strip_markers(source(cell))
+        if meta.get("solution"):
+            if release:
+                src = source(rel_cells[gid])
+            if solutions and gid in solutions:
+                src = solutions[gid]
+        for egid, old, new in edits:
+            if egid == gid:
+                if old not in src:
+                    raise ValueError(f"fixture edit {old!r} not found in cell {gid!r}")
+                src = src.replace(old, new, 1)
+        if meta.get("grade"):
+            if only is not None and gid not in only:
+                continue
+            try:
+                exec(compile(src, f"<{aid} cell {gid}>", "exec"), ns)
+                results[gid] = None
+            except BaseException as e:  # noqa: BLE001 - any failure fails the cell, as in nbgrader
+                results[gid] = "".join(traceback.format_exception_only(type(e), e)).strip()
+            continue
+        if not meta.get("solution"):
+            src = _definitions_only(src)
+        # Solution cells run whole (they may be anything); a failure there surfaces in the tests.
+        try:
+            exec(compile(src, f"<{aid} cell {i}>", "exec"), ns)
+        except Exception as e:  # noqa: BLE001
+            ns.setdefault("__errors__", []).append(f"cell {i}: {type(e).__name__}: {e}")
+    return results
+
+
+def score(aid: str, results: dict[str, str | None]) -> tuple[float, float]:
+    """(points earned, points possible) for the graded cells in results."""
+    pts = graded_cells(load("solutions", aid))
+    return (sum(pts[g] for g, err in results.items() if err is None),
+            sum(pts[g] for g in results))

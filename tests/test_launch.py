@@ -1,0 +1,260 @@
+"""zerocourse.launch: results, output, failures, deadlocks, hangs, bad arguments, no leftovers."""
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from zerocourse.launch import RankError, RankTimeoutError, launch
+from tests.proc_util import descendants
+
+
+def _ident(rank, world_size, extra=0):
+    t = torch.tensor([float(rank)])
+    dist.all_reduce(t)
+    return (rank, world_size, t.item() + extra)
+
+
+def test_results_in_rank_order_for_1_to_4_ranks():
+    for n in (1, 2, 3, 4):
+        out = launch(_ident, n, extra=1)
+        assert out == [(r, n, n * (n - 1) / 2 + 1) for r in range(n)]
+
+
+def _prints(rank, world_size):
+    print(f"line from {rank}")
+    print("partial", end="")
+    print(" line", file=sys.stderr)
+    return rank
+
+
+def test_output_is_prefixed_with_the_rank(capsys):
+    launch(_prints, 3)
+    out, err = capsys.readouterr()
+    for r in range(3):
+        assert f"[rank {r}] line from {r}\n" in out
+        assert f"[rank {r}] partial\n" in out
+        assert f"[rank {r}]  line\n" in err
+
+
+def _fails_on(rank, world_size, bad):
+    if rank == bad:
+        raise ValueError(f"bad value on rank {rank}")
+    t = torch.ones(1)
+    dist.all_reduce(t)      # the others wait here until the failure stops them
+    return rank
+
+
+def test_exception_names_the_failing_rank_and_keeps_its_type():
+    with pytest.raises(ValueError) as info:
+        launch(_fails_on, 3, 2, timeout=30)
+    err = info.value
+    assert isinstance(err, RankError) and err.rank == 2
+    assert "rank 2 failed with ValueError: bad value on rank 2" in str(err)
+    assert 'raise ValueError(f"bad value on rank {rank}")' in str(err)   # the learner's line
+    assert "_rank.py" not in err.remote_traceback                         # not the launcher's
+
+
+def _dies(rank, world_size, how):
+    if rank == 1:
+        if how == "exit":
+            os._exit(7)
+        if how == "abort":
+            os.abort()
+    t = torch.ones(4)
+    dist.all_reduce(t)
+    return rank
+
+
+@pytest.mark.parametrize("how,text", [("exit", "exited with code 7"), ("abort", "SIGABRT")])
+def test_a_dead_rank_is_blamed_before_the_echo_on_its_peers(how, text):
+    t0 = time.monotonic()
+    with pytest.raises(RankError) as info:
+        launch(_dies, 3, how, timeout=30)
+    assert info.value.rank == 1 and text in str(info.value)
+    assert time.monotonic() - t0 < 10
+
+
+def _size_mismatch(rank, world_size):
+    t = torch.ones(2 + 3 * rank)       # gloo aborts the process on a size mismatch
+    dist.all_reduce(t)
+    return rank
+
+
+def test_size_mismatch_abort_is_reported_as_the_cause():
+    with pytest.raises(RankError) as info:
+        launch(_size_mismatch, 2, timeout=30)
+    msg = str(info.value)
+    assert "SIGABRT" in msg and "different sizes" in msg
+    assert f"rank {info.value.rank} was killed by SIGABRT" in msg
+
+
+def _only_rank0(rank, world_size):
+    if rank == 0:
+        dist.all_reduce(torch.ones(3))
+    return rank
+
+
+def test_collective_on_only_some_ranks_gives_a_clear_error():
+    t0 = time.monotonic()
+    with pytest.raises(RankError) as info:
+        launch(_only_rank0, 2, timeout=30)
+    msg = str(info.value)
+    assert "rank 0" in msg and "all_reduce(float32[3])" in msg
+    assert "collective called on only some ranks" in msg
+    assert time.monotonic() - t0 < 10
+
+
+def _mismatched(rank, world_size):
+    t = torch.ones(4)
+    if rank == 0:
+        dist.broadcast(t, 0)
+    else:
+        dist.all_reduce(t)
+    return rank
+
+
+def test_deadlock_in_mismatched_collectives_ends_with_the_collectives_named():
+    t0 = time.monotonic()
+    with pytest.raises(RankError) as info:
+        launch(_mismatched, 2, timeout=20, collective_timeout=3)
+    took = time.monotonic() - t0
+    msg = str(info.value)
+    assert took < 15, took
+    assert "broadcast(float32[4])" in msg and "all_reduce(float32[4])" in msg
+    assert "Timed out" in msg or "timed out" in msg
+
+
+def _spins(rank, world_size):
+    dist.barrier()
+    if rank == 1:
+        while True:
+            pass
+    return rank
+
+
+def test_infinite_loop_times_out_with_stack_and_last_collective():
+    t0 = time.monotonic()
+    with pytest.raises(RankTimeoutError) as info:
+        launch(_spins, 2, timeout=4)
+    msg = str(info.value)
+    assert time.monotonic() - t0 < 10
+    assert "rank(s) [1] did not finish" in msg
+    assert "last call: barrier() [call #1]" in msg
+    assert "while True:" in msg            # the stuck line, from the rank's Python stack
+
+
+def _floods(rank, world_size):
+    for _ in range(100_000):
+        print("x" * 99)                    # ~10 MB per rank
+    return "done"
+
+
+def test_output_flood_is_truncated(capsys):
+    assert launch(_floods, 2, timeout=60) == ["done", "done"]
+    out, _ = capsys.readouterr()
+    assert len(out) < 1_000_000
+    assert "output truncated" in out
+
+
+class _Unpicklable:
+    def __reduce__(self):
+        raise TypeError("nope")
+
+
+def _returns_lock(rank, world_size):
+    return threading.Lock()
+
+
+def test_bad_arguments_fail_before_any_process_starts():
+    before = descendants(os.getpid())
+    with pytest.raises(ValueError, match="world_size must be >= 1"):
+        launch(_ident, 0)
+    with pytest.raises(TypeError, match="world_size must be an int"):
+        launch(_ident, 2.0)
+    with pytest.raises(TypeError, match="fn must be a function"):
+        launch("not a function", 2)
+    with pytest.raises(ValueError, match="backend"):
+        launch(_ident, 2, backend="mpi")
+    with pytest.raises(ValueError, match="timeout"):
+        launch(_ident, 2, timeout=-1)
+    with pytest.raises(TypeError, match=r"args\[0\] \(_Unpicklable\) cannot be sent"):
+        launch(_ident, 2, _Unpicklable())
+    assert descendants(os.getpid()) == before
+
+
+def test_unpicklable_return_value_is_named():
+    with pytest.raises(RankError, match="return value of rank 0 .*cannot be pickled"):
+        launch(_returns_lock, 1)
+
+
+def test_no_rank_survives_a_failed_launch():
+    launch(_ident, 2)                                   # the fork server is up
+    before = descendants(os.getpid())
+    with pytest.raises(RankError):
+        launch(_dies, 3, "abort", timeout=30)
+    with pytest.raises(RankTimeoutError):
+        launch(_spins, 2, timeout=3)
+    assert descendants(os.getpid()) == before
+
+
+def test_ctrl_c_leaves_no_process_behind(tmp_path):
+    """A script that launches ranks which hang, interrupted with SIGINT: every rank must go."""
+    script = tmp_path / "hang.py"
+    script.write_text(textwrap.dedent("""
+        import os, time
+        from zerocourse import launch
+        def hang(rank, world_size):
+            print("ranks up", flush=True)
+            time.sleep(600)
+        try:
+            launch(hang, 3, timeout=300)
+        except KeyboardInterrupt:
+            print("interrupted", flush=True)
+    """))
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    seen = []
+    while len(seen) < 3:
+        seen.append(proc.stdout.readline())
+    ranks = descendants(proc.pid)
+    assert len(ranks) >= 3, ranks
+    proc.send_signal(signal.SIGINT)
+    out = proc.stdout.read()
+    assert proc.wait(timeout=30) == 0
+    assert "interrupted" in out
+    time.sleep(0.5)
+    alive = [p for p in ranks if os.path.exists(f"/proc/{p}") and
+             open(f"/proc/{p}/stat").read().split()[2] != "Z"]
+    assert alive == [], f"processes left behind: {alive}"
+
+
+def test_killed_parent_takes_its_ranks_with_it(tmp_path):
+    """SIGKILL of the launching process (a kernel killed hard): the ranks die too."""
+    script = tmp_path / "hang.py"
+    script.write_text(textwrap.dedent("""
+        import time
+        from zerocourse import launch
+        def hang(rank, world_size):
+            print("up", flush=True)
+            time.sleep(600)
+        launch(hang, 2, timeout=300)
+    """))
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    proc.stdout.readline(), proc.stdout.readline()
+    tree = descendants(proc.pid)
+    proc.kill()
+    proc.wait()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        alive = [p for p in tree if os.path.exists(f"/proc/{p}") and
+                 open(f"/proc/{p}/stat").read().split()[2] != "Z"]
+        if not alive:
+            break
+        time.sleep(0.2)
+    assert alive == [], f"processes left behind: {alive}"

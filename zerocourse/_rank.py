@@ -1,0 +1,254 @@
+"""What runs inside each rank process started by `zerocourse.launch`.
+
+The launcher's fork server imports this module (and so torch) once; every
+rank is then a fork of that clean server, which is why a launch costs about a
+fork and not an `import torch` per rank. Nothing here runs a torch op before
+the fork, so no OpenMP thread pool is inherited.
+
+A rank talks to the launcher over one pipe (a multiprocessing Connection).
+Messages are tuples:
+    ("out", stream, bytes)   captured stdout/stderr (fd level, so C++ prints too)
+    ("enter", text)          a torch.distributed call this rank just entered
+    ("error", info_dict)     fn raised; info has type, message, traceback text
+    ("result", bytes)        cloudpickled return value of fn
+"""
+from __future__ import annotations
+
+import ctypes
+import datetime
+import faulthandler
+import linecache
+import os
+import selectors
+import signal
+import sys
+import threading
+import traceback
+
+import cloudpickle
+import torch
+import torch.distributed as dist
+# Imported here, once, in the fork server: a TorchDispatchMode's first use imports
+# torch._dynamo (~1.2 s), which every rank would otherwise pay again.
+import torch._dynamo  # noqa: F401
+import zerocourse.comm  # noqa: F401
+
+# Bytes of output forwarded per stream before the rest is dropped (counted).
+OUTPUT_LIMIT = int(os.environ.get("ZEROCOURSE_OUTPUT_LIMIT", 200_000))
+
+# Public torch.distributed calls whose entry is reported to the launcher, so a
+# deadlock report can say which collective each rank was stuck in.
+_WATCHED = ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter",
+            "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "reduce", "gather",
+            "scatter", "send", "recv", "isend", "irecv", "barrier", "all_gather_object",
+            "broadcast_object_list", "batch_isend_irecv")
+
+
+class _Channel:
+    """A thread-safe sender over the launcher's Connection."""
+
+    def __init__(self, conn):
+        self.conn = conn
+        self.lock = threading.Lock()
+
+    def send(self, msg) -> None:
+        with self.lock:
+            try:
+                self.conn.send(msg)
+            except (OSError, ValueError):
+                pass  # launcher gone: nothing left to tell
+
+
+def _forward_output(chan: _Channel, fds: dict[int, str]) -> None:
+    """Read the rank's stdout/stderr pipes and forward them, capped at OUTPUT_LIMIT."""
+    sel = selectors.DefaultSelector()
+    for fd, name in fds.items():
+        sel.register(fd, selectors.EVENT_READ, name)
+    sent = {name: 0 for name in fds.values()}
+    dropped = {name: 0 for name in fds.values()}
+    open_fds = len(fds)
+    while open_fds:
+        for key, _ in sel.select():
+            data = os.read(key.fd, 65536)
+            if not data:
+                sel.unregister(key.fd)
+                os.close(key.fd)
+                open_fds -= 1
+                continue
+            name = key.data
+            room = OUTPUT_LIMIT - sent[name]
+            if room > 0:
+                chan.send(("out", name, data[:room]))
+                sent[name] += min(room, len(data))
+            dropped[name] += max(0, len(data) - max(room, 0))
+    for name, n in dropped.items():
+        if n:
+            chan.send(("out", name, f"\n... output truncated: {n} more bytes dropped "
+                                    f"(limit {OUTPUT_LIMIT} bytes per stream per rank)\n".encode()))
+
+
+def _capture_output(chan: _Channel) -> threading.Thread:
+    """Point fds 1 and 2 at pipes read by a forwarding thread."""
+    fds = {}
+    for fd, name in ((1, "stdout"), (2, "stderr")):
+        r, w = os.pipe()
+        os.dup2(w, fd)
+        os.close(w)
+        fds[r] = name
+    sys.stdout = open(1, "w", buffering=1, encoding="utf-8", errors="replace", closefd=False)
+    sys.stderr = open(2, "w", buffering=1, encoding="utf-8", errors="replace", closefd=False)
+    t = threading.Thread(target=_forward_output, args=(chan, fds), daemon=True, name="zc-output")
+    t.start()
+    return t
+
+
+def _describe_args(args) -> str:
+    parts = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            parts.append(f"{str(a.dtype).replace('torch.', '')}{list(a.shape)}")
+        elif isinstance(a, (list, tuple)) and a and isinstance(a[0], torch.Tensor):
+            parts.append(f"[{len(a)} tensors]")
+    return ", ".join(parts)
+
+
+def _watch_collectives(chan: _Channel) -> None:
+    """Wrap torch.distributed's public calls to report each entry to the launcher."""
+    counter = [0]
+
+    def wrap(name, fn):
+        def watched(*args, **kwargs):
+            counter[0] += 1
+            chan.send(("enter", f"{name}({_describe_args(args)}) [call #{counter[0]}]"))
+            return fn(*args, **kwargs)
+        watched.__wrapped__ = fn
+        watched._zc_watched = True
+        watched.__name__ = fn.__name__
+        watched.__doc__ = fn.__doc__
+        return watched
+
+    for name in _WATCHED:
+        fn = getattr(dist, name, None)
+        if fn is not None and not getattr(fn, "_zc_watched", False):
+            setattr(dist, name, wrap(name, fn))
+
+
+def _die_with_the_launcher() -> None:
+    """No rank outlives the process that launched it (a kernel killed hard, a closed laptop).
+
+    Three ties: (1) a thread waits on the launcher's sentinel pipe and exits when it
+    closes; (2) we drop our copy of the fork server's "alive" pipe, so the server
+    exits when the launcher dies; (3) PR_SET_PDEATHSIG kills us when the server does.
+    """
+    from multiprocessing import forkserver, parent_process
+    from multiprocessing.connection import wait
+
+    parent = parent_process()
+    if parent is not None and getattr(parent, "sentinel", None) is not None:
+        def watch():
+            wait([parent.sentinel])
+            os._exit(1)
+        threading.Thread(target=watch, daemon=True, name="zc-parent-watch").start()
+    alive = getattr(forkserver._forkserver, "_forkserver_alive_fd", None)
+    if alive is not None:
+        try:
+            os.close(alive)
+        except OSError:
+            pass
+        forkserver._forkserver._forkserver_alive_fd = None
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
+        except Exception:
+            pass
+
+
+def rename_cells(text: str, cell_names: dict[str, str]) -> str:
+    """Replace notebook cell file names by their 'Cell In[n]' names."""
+    for fname, label in cell_names.items():
+        text = text.replace(f'File "{fname}"', label).replace(fname, label)
+    return text
+
+
+def _error_info(exc: BaseException, cell_names: dict[str, str]) -> dict:
+    te = traceback.TracebackException.from_exception(exc)
+    # Hide the launcher's own frames: the learner's code is what matters.
+    te.stack = traceback.StackSummary.from_list(
+        [f for f in te.stack if not f.filename.endswith(os.path.join("zerocourse", "_rank.py"))])
+    tb = "".join(te.format())
+    try:
+        pickled = cloudpickle.dumps(exc)
+    except Exception:
+        pickled = None
+    return {"type": type(exc).__name__, "module": type(exc).__module__, "message": str(exc),
+            "traceback": rename_cells(tb, cell_names), "exception": pickled}
+
+
+def rank_main(spec: dict, rank: int, conn) -> None:
+    """Entry point of one rank (the target of the forked process).
+
+    Args:
+        spec: what every rank shares: payload (cloudpickled fn, args, kwargs), world_size,
+            backend, store host/port, collective timeout, cwd, sys_path, cell sources and names.
+        rank: this process's rank.
+        conn: write end of the pipe to the launcher.
+    """
+    os.setpgid(0, 0)           # own process group: the launcher kills rank + any children at once
+    _die_with_the_launcher()
+    chan = _Channel(conn)
+    out_thread = _capture_output(chan)
+    stack_file = open(os.path.join(spec["tmpdir"], f"stack-{rank}.txt"), "w")
+    faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
+    torch.set_num_threads(1)   # N ranks share the laptop's cores
+    os.chdir(spec["cwd"])
+    sys.path[:] = spec["sys_path"]
+    for fname, lines in spec["sources"].items():
+        linecache.cache[fname] = (sum(map(len, lines)), None, lines, fname)
+    cell_names = spec["cell_names"]
+
+    # Ranks talk over loopback only (the fork server's environment is frozen at its
+    # start, so set it here rather than in the kernel).
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo0" if sys.platform == "darwin" else "lo")
+    world_size = spec["world_size"]
+    try:
+        backend = spec["backend"]
+        device = None
+        if backend == "nccl":
+            torch.cuda.set_device(rank)
+            device = torch.device("cuda", rank)
+        store = dist.TCPStore(spec["host"], spec["port"], world_size, is_master=False,
+                              timeout=datetime.timedelta(seconds=spec["coll_timeout"]))
+        kwargs = {"device_id": device} if device is not None else {}
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
+                                timeout=datetime.timedelta(seconds=spec["coll_timeout"]), **kwargs)
+        _watch_collectives(chan)
+        fn, args, kwargs = cloudpickle.loads(spec["payload"])
+        result = fn(rank, world_size, *args, **kwargs)
+        try:
+            msg = ("result", cloudpickle.dumps(result))
+        except Exception as e:
+            raise TypeError(f"the return value of rank {rank} ({type(result).__name__}) cannot be "
+                            f"pickled back to the notebook: {e}. Return plain Python values or "
+                            f"tensors.") from None
+    except BaseException as exc:  # noqa: BLE001 - SystemExit/KeyboardInterrupt are reported too
+        msg = ("error", _error_info(exc, cell_names))
+    finally:
+        if dist.is_initialized():
+            try:
+                dist.destroy_process_group()
+            except Exception:
+                pass
+    # Flush and close our ends of the output pipes so the forwarder sees EOF and
+    # sends every byte before the result message.
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    os.dup2(devnull, 2)
+    out_thread.join(timeout=2.0)
+    chan.send(msg)
+    conn.close()

@@ -1,0 +1,96 @@
+"""Friendly assertions for self-check and hidden-test cells.
+
+Every failure says what was expected, what came, on which rank, and a hint:
+
+    check_equal("sum_of_ranks on 3 ranks", got=5, expected=6, rank=2,
+                hint="did every rank call all_reduce?")
+    AssertionError: ❌ sum_of_ranks on 3 ranks (rank 2): expected 6, got 5.
+                    Hint: did every rank call all_reduce?
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def passed(message: str) -> None:
+    """Print a green tick line (self-check cells end with one per check)."""
+    print(f"✅ {message}")
+
+
+def _fail(what: str, detail: str, rank: int | None, hint: str) -> None:
+    where = f" (rank {rank})" if rank is not None else ""
+    msg = f"❌ {what}{where}: {detail}"
+    if hint:
+        msg += f"\n   Hint: {hint}"
+    raise AssertionError(msg)
+
+
+def check_true(condition, what: str, detail: str = "", rank: int | None = None, hint: str = "") -> None:
+    """Fail with `what` and `detail` unless condition holds."""
+    if not condition:
+        _fail(what, detail or "the condition does not hold", rank, hint)
+
+
+def check_equal(what: str, got, expected, rank: int | None = None, hint: str = "") -> None:
+    """Exact equality for plain values (ints, strings, tuples, dicts)."""
+    if got != expected:
+        _fail(what, f"expected {expected!r}, got {got!r}", rank, hint)
+
+
+def check_type(what: str, got, expected_type, rank: int | None = None, hint: str = "") -> None:
+    """isinstance check with a readable message."""
+    if not isinstance(got, expected_type):
+        names = getattr(expected_type, "__name__", str(expected_type))
+        _fail(what, f"expected a {names}, got {type(got).__name__}: {got!r:.80}", rank, hint)
+
+
+def check_close(what: str, got, expected, atol: float = 0.0, rtol: float = 0.0,
+                rank: int | None = None, hint: str = "") -> None:
+    """Numbers or tensors equal within |got - expected| <= atol + rtol * |expected|.
+
+    Tensors must also agree in shape (and dtype when `expected` is a tensor);
+    the message gives the largest difference and where it is.
+    """
+    if isinstance(expected, torch.Tensor) or isinstance(got, torch.Tensor):
+        if not isinstance(got, torch.Tensor):
+            _fail(what, f"expected a tensor, got {type(got).__name__}", rank, hint)
+        expected = torch.as_tensor(expected)
+        if tuple(got.shape) != tuple(expected.shape):
+            _fail(what, f"expected shape {tuple(expected.shape)}, got {tuple(got.shape)}", rank, hint)
+        if got.dtype != expected.dtype:
+            _fail(what, f"expected dtype {expected.dtype}, got {got.dtype}", rank, hint)
+        g, e = got.detach().double().cpu(), expected.detach().double().cpu()
+        if g.numel() == 0:
+            return
+        diff = (g - e).abs()
+        bad = diff > atol + rtol * e.abs()
+        if bool(bad.any()) or bool(torch.isnan(g).any() != torch.isnan(e).any()):
+            idx = int(diff.nan_to_num(float("inf")).flatten().argmax())
+            pos = tuple(int(i) for i in torch.unravel_index(torch.tensor(idx), g.shape)) if g.dim() else ()
+            _fail(what, f"max |got - expected| = {float(diff.flatten()[idx]):.3g} at index {pos} "
+                        f"(got {float(g.flatten()[idx]):.6g}, expected {float(e.flatten()[idx]):.6g}; "
+                        f"{int(bad.sum())} of {g.numel()} elements off; tolerance "
+                        f"atol={atol:g}, rtol={rtol:g})", rank, hint)
+        return
+    if not (isinstance(got, (int, float)) and not isinstance(got, bool)):
+        _fail(what, f"expected a number close to {expected!r}, got {type(got).__name__}: {got!r:.80}",
+              rank, hint)
+    if not math.isclose(got, expected, rel_tol=rtol, abs_tol=atol):
+        _fail(what, f"expected {expected!r}, got {got!r} (tolerance atol={atol:g}, rtol={rtol:g})",
+              rank, hint)
+
+
+def check_raises(what: str, exc_type, fn, *args, match: str | None = None, hint: str = "", **kwargs):
+    """fn(*args, **kwargs) must raise exc_type (whose message contains `match`, if given)."""
+    try:
+        fn(*args, **kwargs)
+    except exc_type as e:
+        if match is not None and match.lower() not in str(e).lower():
+            _fail(what, f"raised {type(e).__name__} as expected, but its message {str(e)!r} "
+                        f"does not mention {match!r}", None, hint)
+        return e
+    except Exception as e:  # noqa: BLE001 - report what came instead
+        _fail(what, f"expected {exc_type.__name__}, got {type(e).__name__}: {e}", None, hint)
+    _fail(what, f"expected {exc_type.__name__}, but nothing was raised", None, hint)

@@ -1,0 +1,84 @@
+"""check_environment(): one ✅/❌ line per thing the course needs."""
+from __future__ import annotations
+
+import importlib
+import platform
+import sys
+import time
+
+
+def _line(ok: bool | None, text: str) -> str:
+    mark = {True: "✅", False: "❌", None: "ℹ️ "}[ok]
+    return f"{mark} {text}"
+
+
+def _ping(rank: int, world_size: int) -> int:
+    import torch
+    import torch.distributed as dist
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    return int(t.item())
+
+
+def check_environment(launch_ranks: int = 2, verbose: bool = True) -> dict[str, bool | None]:
+    """Print and return what works here: python, torch, gloo, NCCL/GPUs, widgets, launching ranks.
+
+    Args:
+        launch_ranks: ranks to start for the end-to-end check (0 skips it).
+        verbose: print the lines.
+    Returns:
+        {item: True (works) / False (broken) / None (optional, absent)}.
+    """
+    results: dict[str, bool | None] = {}
+    lines = []
+
+    py_ok = sys.version_info >= (3, 10)
+    results["python"] = py_ok
+    lines.append(_line(py_ok, f"Python {platform.python_version()} (need >= 3.10)"))
+
+    try:
+        import torch
+        import torch.distributed as dist
+        torch_ok = torch.__version__.split("+")[0] == "2.13.0"
+        results["torch"] = torch_ok
+        lines.append(_line(torch_ok, f"torch {torch.__version__} (the course is tested on 2.13.0)"))
+        gloo = dist.is_available() and dist.is_gloo_available()
+        results["gloo"] = gloo
+        lines.append(_line(gloo, "torch.distributed with gloo (CPU collectives)"))
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        nccl = dist.is_nccl_available() and gpus > 0
+        results["nccl"] = True if nccl else None
+        lines.append(_line(True if nccl else None,
+                           f"NCCL with {gpus} GPU(s): launch() uses it when there is one GPU per rank"
+                           if nccl else "no GPU/NCCL: every notebook runs on CPU ranks with gloo"))
+    except Exception as e:  # torch missing or broken: nothing else can work
+        results["torch"] = False
+        lines.append(_line(False, f"torch cannot be imported: {e}. Run `make lab` or "
+                                  f"`pip install -r requirements.txt`."))
+
+    for mod, why in (("ipywidgets", "interactive calculators"), ("matplotlib", "figures"),
+                     ("tqdm", "progress bars"), ("cloudpickle", "sending notebook code to ranks")):
+        try:
+            m = importlib.import_module(mod)
+            results[mod] = True
+            lines.append(_line(True, f"{mod} {getattr(m, '__version__', '')} ({why})"))
+        except Exception as e:
+            results[mod] = False
+            lines.append(_line(False, f"{mod} missing ({why}): {e}"))
+
+    if launch_ranks and results.get("gloo"):
+        from zerocourse.launch import launch
+        try:
+            t0 = time.perf_counter()
+            out = launch(_ping, launch_ranks, timeout=60)
+            dt = time.perf_counter() - t0
+            ok = out == [launch_ranks] * launch_ranks
+            results["launch"] = ok
+            lines.append(_line(ok, f"launch(): {launch_ranks} ranks started, all-reduced and "
+                                   f"returned {out} in {dt:.2f} s"))
+        except Exception as e:
+            results["launch"] = False
+            lines.append(_line(False, f"launch() failed: {type(e).__name__}: {e}"))
+    if verbose:
+        print("\n".join(lines))
+    return results

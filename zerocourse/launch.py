@@ -1,0 +1,544 @@
+"""Run a function on N ranks from a notebook cell and get the results back.
+
+    def hello(rank, world_size):
+        print("hi")                         # shows up as "[rank 0] hi" in the cell
+        return rank * 10
+
+    launch(hello, 4)                        # -> [0, 10, 20, 30]
+
+How it works, and why:
+- Ranks are forks of a *fork server* that imported torch once (multiprocessing's
+  "forkserver" context preloading `zerocourse._rank`). A launch therefore costs a
+  few forks (~0.1 s) instead of N `import torch`s, and ranks start clean: the
+  kernel's state does not leak in, and no OpenMP pool is inherited (forking a
+  kernel that already ran torch ops deadlocks in libgomp).
+- `fn` and its arguments travel by value with cloudpickle, so functions and
+  classes defined in the notebook work. The cells' source travels too, so a
+  rank's traceback shows the learner's lines as "Cell In[n], line k".
+- The kernel hosts the rendezvous store (a TCPStore on an OS-chosen port on
+  127.0.0.1), so concurrent launches never race for a port.
+- The launcher supervises: output is streamed live with a "[rank r]" prefix; the
+  first rank to fail (a death is reported before the "connection closed" errors
+  it causes on its peers) raises in the kernel and the others are killed; a
+  deadlock or infinite loop ends at `timeout` with each unfinished rank's last
+  collective and Python stack. Interrupts (Ctrl-C, nbgrader's cell timeout) kill
+  every rank; no process is left behind.
+"""
+from __future__ import annotations
+
+import collections
+import datetime
+import io
+import math
+import multiprocessing as mp
+import multiprocessing.connection
+import multiprocessing.spawn
+import os
+import pickle
+import re
+import shutil
+import signal
+import sys
+import tempfile
+import time
+import types
+import linecache
+
+import cloudpickle
+
+# Seconds a launch may take in all. Keep it below the notebook's per-cell limit
+# (autograder/nbgrader_config.py sets Execute.timeout = 150).
+DEFAULT_TIMEOUT = float(os.environ.get("ZEROCOURSE_TIMEOUT", 60))
+# Seconds a collective may wait for its peers before gloo raises on that rank.
+# Shorter than the launch timeout so a deadlock becomes an error that names the
+# collective, inside the rank's own traceback.
+DEFAULT_COLLECTIVE_TIMEOUT = float(os.environ.get("ZEROCOURSE_COLLECTIVE_TIMEOUT", 20))
+# After the first failure, how long to wait for the reports of other ranks
+# before picking the one to blame (a dead rank beats its peers' echo errors).
+_GRACE_S = 0.5
+# Error texts that are usually an echo of ANOTHER rank dying or leaving.
+_ECHO = re.compile(r"Connection closed by peer|Connection reset|Broken pipe|closed by peer|"
+                   r"ECONNRESET|EPIPE|SIGABRT received|Socket closed", re.I)
+
+
+class RankError(RuntimeError):
+    """A rank failed (raised, died, or did not finish). `.rank` names it."""
+
+    def __init__(self, message: str, rank: int | None = None, remote_traceback: str = ""):
+        super().__init__(message)
+        self.rank = rank
+        self.remote_traceback = remote_traceback
+
+
+class RankTimeoutError(RankError, TimeoutError):
+    """Some ranks did not finish within the launch timeout."""
+
+
+# --------------------------------------------------------------------------
+# the fork server
+# --------------------------------------------------------------------------
+_ctx = None
+
+
+def _context():
+    """The forkserver context, preloading torch (via zerocourse._rank) once."""
+    global _ctx
+    if _ctx is None:
+        _ctx = mp.get_context("forkserver")
+        _ctx.set_forkserver_preload(["zerocourse._rank"])
+    return _ctx
+
+
+class _plain_main:
+    """Start processes without re-importing the caller's __main__ in each rank.
+
+    multiprocessing tells every child how to re-create the parent's __main__
+    (in a Jupyter kernel: import ipykernel_launcher, ~0.5 s a rank). Ranks run
+    a cloudpickled fn and need none of it, so drop that part of the message.
+    """
+
+    def __enter__(self):
+        self._orig = mp.spawn.get_preparation_data
+
+        def prep(name):
+            data = self._orig(name)
+            data.pop("init_main_from_name", None)
+            data.pop("init_main_from_path", None)
+            data.pop("main_path", None)
+            return data
+
+        mp.spawn.get_preparation_data = prep
+
+    def __exit__(self, *exc):
+        mp.spawn.get_preparation_data = self._orig
+
+
+def warm_up() -> None:
+    """Start the fork server now (it imports torch, ~3 s) so the first launch is fast.
+
+    Called by `import zerocourse` inside a Jupyter kernel: the server starts while
+    the notebook goes on importing and building models.
+    """
+    from multiprocessing import forkserver
+    _context()
+    with _plain_main():
+        forkserver.ensure_running()
+
+
+# --------------------------------------------------------------------------
+# argument checks and payload
+# --------------------------------------------------------------------------
+def _cell_sources() -> tuple[dict, dict]:
+    """Source lines of notebook cells (files that exist only in linecache) and their names."""
+    sources = {}
+    for fname, entry in list(linecache.cache.items()):
+        if len(entry) == 4 and entry[2] and not os.path.exists(fname):
+            sources[fname] = list(entry[2])
+    names = {}
+    try:
+        ip = get_ipython()  # noqa: F821 - defined inside IPython
+        for fname, number in getattr(ip.compile, "_filename_map", {}).items():
+            if fname in sources:
+                names[fname] = f"Cell In[{number}]"
+    except NameError:
+        pass
+    return sources, names
+
+
+def _code_keep_filename(code: types.CodeType):
+    """cloudpickle's code reducer, but keep co_filename (it writes "<dynamic-code>"),
+    so a rank's traceback can point at the notebook cell the code came from."""
+    cls, args = cloudpickle.cloudpickle._code_reduce(code)
+    return cls, tuple(code.co_filename if isinstance(a, str) and a == "<dynamic-code>" else a
+                      for a in args)
+
+
+class _Pickler(cloudpickle.Pickler):
+    dispatch_table = collections.ChainMap({types.CodeType: _code_keep_filename},
+                                          cloudpickle.Pickler.dispatch_table)
+
+
+def dumps(obj) -> bytes:
+    """cloudpickle.dumps that keeps code file names (see _code_keep_filename)."""
+    buf = io.BytesIO()
+    _Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
+    return buf.getvalue()
+
+
+def _pickle_payload(fn, args, kwargs) -> bytes:
+    """Pickle (fn, args, kwargs) by value, naming the value that cannot be pickled."""
+    try:
+        return dumps((fn, args, kwargs))
+    except Exception as e:
+        suspects = [("fn", fn)] + [(f"args[{i}]", a) for i, a in enumerate(args)] + \
+                   [(f"kwargs[{k!r}]", v) for k, v in kwargs.items()]
+        for name, value in suspects:
+            try:
+                cloudpickle.dumps(value)
+            except Exception as inner:
+                raise TypeError(f"launch: {name} ({type(value).__name__}) cannot be sent to the "
+                                f"ranks: {inner}. Pass plain values, tensors or functions; create "
+                                f"open files, locks, sockets or process groups inside fn.") from None
+        raise TypeError(f"launch: cannot pickle fn and its arguments: {e}") from None
+
+
+def _check_args(fn, world_size, backend, timeout) -> None:
+    if not callable(fn):
+        raise TypeError(f"launch: fn must be a function taking (rank, world_size, ...), "
+                        f"got {type(fn).__name__}: {fn!r}")
+    if isinstance(world_size, bool) or not isinstance(world_size, int):
+        raise TypeError(f"launch: world_size must be an int >= 1, got {type(world_size).__name__} "
+                        f"{world_size!r}")
+    if world_size < 1:
+        raise ValueError(f"launch: world_size must be >= 1, got {world_size}")
+    if world_size > 64:
+        raise ValueError(f"launch: world_size={world_size} is more processes than this course "
+                         f"needs (max 64); ranks here are processes on one machine")
+    if backend not in ("auto", "gloo", "nccl"):
+        raise ValueError(f"launch: backend must be 'auto', 'gloo' or 'nccl', got {backend!r}")
+    if not (isinstance(timeout, (int, float)) and math.isfinite(timeout) and timeout > 0):
+        raise ValueError(f"launch: timeout must be a positive number of seconds, got {timeout!r}")
+
+
+def pick_backend(backend: str, world_size: int) -> str:
+    """'auto' -> NCCL when there is one GPU per rank, else gloo (CPU)."""
+    if backend != "auto":
+        if backend == "nccl":
+            import torch
+            if not torch.cuda.is_available() or torch.cuda.device_count() < world_size:
+                raise ValueError(f"launch: backend='nccl' needs one GPU per rank "
+                                 f"({world_size}), found {torch.cuda.device_count()}; use 'gloo'")
+        return backend
+    import torch
+    if torch.cuda.is_available() and torch.cuda.device_count() >= world_size:
+        return "nccl"
+    return "gloo"
+
+
+# --------------------------------------------------------------------------
+# supervision
+# --------------------------------------------------------------------------
+class _Rank:
+    """The launcher's view of one rank."""
+
+    def __init__(self, rank: int, proc, conn):
+        self.rank, self.proc, self.conn = rank, proc, conn
+        self.result = None
+        self.has_result = False
+        self.error: dict | None = None     # from an ("error", info) message
+        self.died: str | None = None       # set when the process ended without a message
+        self.failed_at: float | None = None
+        self.last_call = "no torch.distributed call entered yet"
+        self.partial = {"stdout": "", "stderr": ""}
+        self.conn_open = True
+
+    @property
+    def finished(self) -> bool:
+        return self.has_result or self.error is not None or self.died is not None
+
+    @property
+    def failed(self) -> bool:
+        return self.error is not None or self.died is not None
+
+
+def _emit(r: _Rank, stream: str, text: str, final: bool = False) -> None:
+    """Print complete lines with the rank prefix (partial lines wait for more)."""
+    buf = r.partial[stream] + text
+    lines = buf.split("\n")
+    r.partial[stream] = "" if final else lines.pop()
+    if final and lines and lines[-1] == "":
+        lines.pop()
+    out = sys.stdout if stream == "stdout" else sys.stderr
+    for line in lines:
+        if len(line) > 2000:
+            line = line[:2000] + f" ... [{len(line) - 2000} characters cut]"
+        out.write(f"[rank {r.rank}] {line}\n")
+    if lines:
+        out.flush()
+
+
+def _drain(r: _Rank) -> None:
+    """Handle every message waiting on a rank's pipe."""
+    while r.conn_open:
+        try:
+            if not r.conn.poll():
+                return
+            msg = r.conn.recv()
+        except (EOFError, OSError):
+            r.conn_open = False
+            if not r.finished:
+                # The pipe closed with nothing said: the rank died. Its exit status comes
+                # through the fork server, which may lag under load; wait for it a moment.
+                r.proc.join(timeout=3)
+                r.died, r.failed_at = _death_text(r.proc.exitcode), time.monotonic()
+            return
+        kind = msg[0]
+        if kind == "out":
+            _emit(r, msg[1], msg[2].decode("utf-8", "replace"))
+        elif kind == "enter":
+            r.last_call = msg[1]
+        elif kind == "result":
+            r.result, r.has_result = msg[1], True
+        elif kind == "error":
+            r.error, r.failed_at = msg[1], time.monotonic()
+
+
+def _death_text(exitcode) -> str:
+    if exitcode is None:
+        return "ended without reporting"
+    if exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = f"signal {-exitcode}"
+        why = {"SIGABRT": " (an abort: in torch.distributed usually tensors of different sizes "
+                          "or dtypes in one collective on different ranks)",
+               "SIGSEGV": " (a segmentation fault)",
+               "SIGKILL": " (killed: out of memory, or a limit was hit)"}.get(name, "")
+        return f"was killed by {name}{why}"
+    return f"exited with code {exitcode} without returning (os._exit or a crash in native code)"
+
+
+def _kill(ranks: list[_Rank]) -> None:
+    """Kill every rank (and anything it started), then reap."""
+    for r in ranks:
+        pid = r.proc.pid
+        if pid is None:
+            continue
+        for kill in (lambda: os.killpg(pid, signal.SIGKILL), lambda: os.kill(pid, signal.SIGKILL)):
+            try:
+                kill()
+            except (ProcessLookupError, PermissionError, OSError):
+                pass
+    for r in ranks:
+        r.proc.join(timeout=5)
+        try:
+            r.conn.close()
+        except OSError:
+            pass
+
+
+def _stack_of(r: _Rank, tmpdir: str, cell_names: dict, sources: dict) -> str:
+    """Ask a live rank for its Python stack (faulthandler on SIGUSR1)."""
+    path = os.path.join(tmpdir, f"stack-{r.rank}.txt")
+    try:
+        os.kill(r.proc.pid, signal.SIGUSR1)
+    except OSError:
+        return "(process gone)"
+    text, last = "", None
+    for _ in range(60):                      # up to 3 s: a busy machine delays the signal
+        time.sleep(0.05)
+        with open(path) as f:
+            text = f.read()
+        if "most recent call first" in text and text == last:
+            break                            # written, and no longer growing
+        last = text
+    return _format_stack(text, cell_names, sources)
+
+
+def _format_stack(text: str, cell_names: dict, sources: dict) -> str:
+    """Keep the main thread of a faulthandler dump, most recent call last, with source lines."""
+    blocks = [b for b in text.split("\n\n") if b.strip()]
+    main = [b for b in blocks if "_forward_output" not in b and "in watch" not in b]
+    lines = (main[0] if main else text).strip().splitlines()[1:]
+    out = []
+    for line in reversed(lines):
+        m = re.match(r'\s*File "(.+)", line (\d+) in (.+)', line)
+        if not m:
+            continue
+        fname, lineno, func = m.group(1), int(m.group(2)), m.group(3)
+        if "/multiprocessing/" in fname or fname.endswith("_rank.py") or fname == "<string>":
+            continue
+        where = cell_names.get(fname, f'File "{fname}"')
+        out.append(f"  {where}, line {lineno}, in {func}")
+        src = sources.get(fname) or linecache.getlines(fname)
+        if 0 < lineno <= len(src):
+            out.append(f"    {src[lineno - 1].strip()}")
+    return "\n".join(out) or "  (no Python frames: stuck in native code)"
+
+
+def _status_lines(ranks: list[_Rank]) -> str:
+    lines = []
+    for r in ranks:
+        if r.has_result:
+            state = "returned"
+        elif r.error is not None:
+            state = f"raised {r.error['type']}"
+        elif r.died is not None:
+            state = r.died
+        else:
+            state = "was stopped"
+        lines.append(f"  rank {r.rank}: {state}; last call: {r.last_call}")
+    return "\n".join(lines)
+
+
+def _blame(ranks: list[_Rank]) -> _Rank:
+    """The rank that failed first, preferring real causes over echoes of a peer's death."""
+    failed = sorted((r for r in ranks if r.failed), key=lambda r: r.failed_at)
+    deaths = [r for r in failed if r.died is not None]
+    causes = [r for r in failed if r.error is not None and not _ECHO.search(
+        r.error["message"] + r.error["type"])]
+    return (deaths or causes or failed)[0]
+
+
+def _raise_failure(ranks: list[_Rank]) -> None:
+    __tracebackhide__ = True
+    r = _blame(ranks)
+    status = _status_lines(ranks)
+    returned = [x.rank for x in ranks if x.has_result]
+    hint = ""
+    if returned and any(x.error and _ECHO.search(x.error["message"]) for x in ranks):
+        hint = (f"\nHint: rank(s) {returned} returned while others were still in a collective: "
+                f"is a collective called on only some ranks (e.g. inside `if rank == 0:`)?")
+    if r.died is not None:
+        raise RankError(f"rank {r.rank} {r.died}.\nRanks:\n{status}{hint}", rank=r.rank)
+    info = r.error
+    message = (f"rank {r.rank} failed with {info['type']}: {info['message']}\n"
+               f"--- traceback from rank {r.rank} ---\n{info['traceback'].rstrip()}\n"
+               f"--- ranks ---\n{status}{hint}")
+    raise _as_original_type(info, message, r.rank)
+
+
+def _as_original_type(info: dict, message: str, rank: int) -> RankError:
+    """A RankError that is also an instance of the rank's exception class when possible,
+    so `except ValueError:` in the notebook catches a ValueError raised in a rank."""
+    try:
+        original = cloudpickle.loads(info["exception"]) if info["exception"] else None
+    except Exception:
+        original = None
+    cls = type(original) if original is not None else None
+    if cls is not None and issubclass(cls, Exception) and not issubclass(cls, RankError):
+        try:
+            both = type(cls.__name__, (RankError, cls), {"__module__": cls.__module__,
+                                                         "__str__": RankError.__str__})
+            err = both.__new__(both)
+            RankError.__init__(err, message, rank, info["traceback"])
+            return err
+        except TypeError:
+            pass
+    return RankError(message, rank, info["traceback"])
+
+
+def _supervise(ranks: list[_Rank], timeout: float, tmpdir: str, sources, cell_names) -> list:
+    __tracebackhide__ = True
+    deadline = time.monotonic() + timeout
+    by_sentinel = {r.proc.sentinel: r for r in ranks}
+    by_conn = {r.conn: r for r in ranks}
+    first_failure = None
+    while True:
+        waitables = [r.conn for r in ranks if r.conn_open] + \
+                    [r.proc.sentinel for r in ranks if r.proc.exitcode is None]
+        ready = mp.connection.wait(waitables, timeout=0.05) if waitables else []
+        for w in ready:
+            if w in by_conn:
+                _drain(by_conn[w])
+        for w in ready:
+            if w in by_sentinel:
+                r = by_sentinel[w]
+                r.proc.join(timeout=1)
+                _drain(r)            # its last words may still be in the pipe
+                if not r.finished:
+                    r.died, r.failed_at = _death_text(r.proc.exitcode), time.monotonic()
+        now = time.monotonic()
+        if all(r.has_result for r in ranks):
+            break
+        if any(r.failed for r in ranks):
+            first_failure = first_failure or now
+            if all(r.finished for r in ranks) or now - first_failure > _GRACE_S:
+                _flush_partials(ranks)
+                _raise_failure(ranks)
+        if now > deadline:
+            _flush_partials(ranks)
+            _raise_timeout(ranks, timeout, tmpdir, sources, cell_names)
+    _flush_partials(ranks)
+    out = []
+    for r in ranks:
+        try:
+            out.append(cloudpickle.loads(r.result))
+        except Exception as e:
+            raise RankError(f"the return value of rank {r.rank} could not be unpickled in the "
+                            f"notebook: {e}", rank=r.rank) from None
+    return out
+
+
+def _flush_partials(ranks: list[_Rank]) -> None:
+    for r in ranks:
+        _drain(r)
+        for stream in ("stdout", "stderr"):
+            if r.partial[stream]:
+                _emit(r, stream, "", final=True)
+
+
+def _raise_timeout(ranks, timeout, tmpdir, sources, cell_names) -> None:
+    __tracebackhide__ = True
+    stuck = [r for r in ranks if not r.finished]
+    parts = []
+    for r in stuck:
+        parts.append(f"rank {r.rank} did not finish; last call: {r.last_call}\n"
+                     f"  its Python stack (most recent call last):\n"
+                     f"{_stack_of(r, tmpdir, cell_names, sources)}")
+    done = [r.rank for r in ranks if r.has_result]
+    hint = ("Hint: a rank stuck in a collective waits for peers that never call the same "
+            "collective (different op, order or count on some ranks); a rank stuck elsewhere "
+            "is in a loop that does not end.")
+    raise RankTimeoutError(
+        f"launch timed out after {timeout:g} s: rank(s) {[r.rank for r in stuck]} did not finish"
+        f"{f' (rank(s) {done} returned)' if done else ''}.\n" + "\n".join(parts) +
+        f"\n--- ranks ---\n{_status_lines(ranks)}\n{hint}", rank=stuck[0].rank)
+
+
+# --------------------------------------------------------------------------
+# the entry point
+# --------------------------------------------------------------------------
+def launch(fn, world_size: int, *args, backend: str = "auto", timeout: float | None = None,
+           collective_timeout: float | None = None, **kwargs) -> list:
+    """Run `fn(rank, world_size, *args, **kwargs)` on `world_size` ranks; return results in rank order.
+
+    Each rank is a fresh process with a torch.distributed process group already
+    initialised (gloo on CPU, or NCCL with one GPU per rank).
+
+    Args:
+        fn: a function (it may be defined in the notebook) taking (rank, world_size, ...).
+        world_size: number of ranks, >= 1.
+        *args, **kwargs: passed to fn on every rank (by value: each rank gets its own copy).
+        backend: "auto" (NCCL if there is one GPU per rank, else gloo), "gloo" or "nccl".
+        timeout: seconds for the whole launch (default ZEROCOURSE_TIMEOUT or 60).
+        collective_timeout: seconds a collective waits for its peers before failing
+            (default ZEROCOURSE_COLLECTIVE_TIMEOUT or 20, capped at timeout / 2).
+    Raises:
+        RankError: the first rank that failed (also an instance of its exception's class).
+        RankTimeoutError: ranks that did not finish in time, with their last collective and stack.
+    """
+    __tracebackhide__ = True
+    timeout = DEFAULT_TIMEOUT if timeout is None else timeout
+    _check_args(fn, world_size, backend, timeout)
+    coll_timeout = collective_timeout or min(DEFAULT_COLLECTIVE_TIMEOUT, timeout / 2)
+    backend = pick_backend(backend, world_size)
+    payload = _pickle_payload(fn, args, kwargs)
+    sources, cell_names = _cell_sources()
+
+    import torch.distributed as dist  # the kernel hosts the store; no torch op runs here
+    store = dist.TCPStore("127.0.0.1", 0, world_size, is_master=True, wait_for_workers=False,
+                          timeout=datetime.timedelta(seconds=coll_timeout))
+    tmpdir = tempfile.mkdtemp(prefix="zerocourse-launch-")
+    spec = dict(payload=payload, world_size=world_size, backend=backend, host="127.0.0.1",
+                port=store.port, coll_timeout=coll_timeout, cwd=os.getcwd(),
+                sys_path=list(sys.path), sources=sources, cell_names=cell_names, tmpdir=tmpdir)
+    ctx = _context()
+    ranks: list[_Rank] = []
+    try:
+        from zerocourse import _rank
+        with _plain_main():
+            for rank in range(world_size):
+                reader, writer = ctx.Pipe(duplex=False)
+                proc = ctx.Process(target=_rank.rank_main, args=(spec, rank, writer),
+                                   name=f"zerocourse-rank{rank}", daemon=True)
+                proc.start()
+                writer.close()
+                ranks.append(_Rank(rank, proc, reader))
+        return _supervise(ranks, timeout, tmpdir, sources, cell_names)
+    finally:
+        # Runs on success, failure, KeyboardInterrupt and nbgrader's cell timeout alike.
+        _kill(ranks)
+        shutil.rmtree(tmpdir, ignore_errors=True)
+        del store
