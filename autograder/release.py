@@ -20,9 +20,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from autograder.nbgrader_run import ROOT, assignments, nbgrader  # noqa: E402
 
 
-def generate(out_dir: str, db_url: str | None = None) -> None:
-    """Generate every assignment's release notebook into out_dir/<id>/."""
-    for aid in assignments():
+def generate(out_dir: str, db_url: str | None = None, only: list[str] | None = None) -> None:
+    """Generate the release notebooks (all, or `only` these ids) into out_dir/<id>/."""
+    for aid in only or assignments():
         args = ["generate_assignment", aid, "--force",
                 f"--CourseDirectory.release_directory={out_dir}"]
         if db_url:
@@ -36,11 +36,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true",
                         help="compare a fresh release with notebooks/ instead of writing it")
+    parser.add_argument("--only", nargs="+", metavar="ID", help="release only these assignments")
     args = parser.parse_args()
+    ids = args.only or assignments()
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "release")
         # A throwaway gradebook: the release itself needs none of the instructor's data.
-        generate(out, db_url="sqlite:///" + os.path.join(tmp, "release.db"))
+        generate(out, db_url="sqlite:///" + os.path.join(tmp, "release.db"), only=ids)
         target = os.path.join(ROOT, "notebooks")
         if args.check:
             stale = []
@@ -57,7 +59,7 @@ def main() -> int:
                 return 1
             print(f"notebooks/ matches solutions/ ({len(assignments())} assignments)")
             return 0
-        for aid in assignments():
+        for aid in ids:
             dst = os.path.join(target, aid)
             shutil.rmtree(dst, ignore_errors=True)
             shutil.copytree(os.path.join(out, aid), dst)

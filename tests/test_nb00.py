@@ -1,0 +1,62 @@
+"""00_setup: the graded cells pass on the solution, fail on the stubs, and catch the bugs."""
+import pytest
+
+from tests.harness import grade_cells, score
+
+AID = "00_setup"
+
+
+def test_solution_gets_full_marks():
+    results = grade_cells(AID)
+    assert all(err is None for err in results.values()), results
+    assert score(AID, results) == (7, 7)
+
+
+def test_every_graded_cell_fails_on_the_stubs():
+    results = grade_cells(AID, release=True)
+    assert all(err is not None for err in results.values()), results
+
+
+BUGS = {
+    "no collective": ([("setup-sum-of-ranks", "dist.all_reduce(t)\n", "")],
+                      ["setup-sum-of-ranks-check", "setup-sum-of-ranks-hidden"]),
+    "two all_reduces (right answer, wrong structure)": (
+        [("setup-sum-of-ranks", "dist.all_reduce(t)\n",
+          "dist.all_reduce(t)\n    t /= world_size\n    dist.all_reduce(t)\n")],
+        ["setup-sum-of-ranks-hidden"]),
+    "sum instead of mean": ([("setup-global-mean", "return out / dist.get_world_size()", "return out")],
+                            ["setup-global-mean-check", "setup-global-mean-hidden"]),
+    "reduces the input in place": (
+        [("setup-global-mean", "out = local.clone(memory_format=torch.contiguous_format)", "out = local")],
+        ["setup-global-mean-check", "setup-global-mean-hidden"]),
+    "collective on rank 0 only": (
+        [("setup-global-mean", "dist.all_reduce(out)",
+          "if dist.get_rank() == 0:\n        dist.all_reduce(out)")],
+        ["setup-global-mean-check", "setup-global-mean-hidden"]),
+}
+
+
+@pytest.mark.parametrize("bug", list(BUGS))
+def test_bug_is_caught(bug):
+    edits, must_fail = BUGS[bug]
+    results = grade_cells(AID, edits=edits)
+    failed = {g for g, err in results.items() if err is not None}
+    assert set(must_fail) <= failed, (bug, results)
+    earned, total = score(AID, results)
+    assert earned < total
+
+
+VALID = {
+    "AVG all-reduce": [("setup-global-mean", "dist.all_reduce(out)\n    return out / dist.get_world_size()",
+                        "dist.all_reduce(out, op=dist.ReduceOp.AVG)\n    return out")],
+    "float result, contiguous() then clone": [
+        ("setup-sum-of-ranks", "return int(t.item())", "return t.item()"),
+        ("setup-global-mean", "local.clone(memory_format=torch.contiguous_format)",
+         "local.contiguous().clone()")],
+}
+
+
+@pytest.mark.parametrize("alt", list(VALID))
+def test_valid_alternatives_get_full_marks(alt):
+    results = grade_cells(AID, edits=VALID[alt])
+    assert all(err is None for err in results.values()), results

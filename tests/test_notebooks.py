@@ -1,0 +1,102 @@
+"""Every notebook: release hygiene, runs top to bottom, and nbgrader's own validate."""
+import glob
+import json
+import os
+import subprocess
+import sys
+import time
+from collections import Counter
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+from nbclient.exceptions import CellExecutionError, CellTimeoutError
+
+from tests.proc_util import descendants
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+AIDS = sorted(os.path.basename(os.path.dirname(p))
+              for p in glob.glob(os.path.join(ROOT, "solutions", "*", "*.ipynb")))
+BIN = os.path.dirname(sys.executable)
+
+
+def _read(kind, aid):
+    with open(os.path.join(ROOT, kind, aid, f"{aid}.ipynb")) as f:
+        return json.load(f)
+
+
+def _meta(cell):
+    return cell.get("metadata", {}).get("nbgrader", {})
+
+
+@pytest.mark.parametrize("aid", AIDS)
+def test_hygiene(aid):
+    for kind in ("solutions", "notebooks"):
+        nb = _read(kind, aid)
+        assert nb["metadata"]["kernelspec"]["name"] == "python3", (kind, aid)
+        assert not any(c.get("outputs") for c in nb["cells"] if c["cell_type"] == "code"), \
+            f"{kind}/{aid} has outputs: strip them"
+        ids = Counter(_meta(c)["grade_id"] for c in nb["cells"] if _meta(c))
+        assert all(n == 1 for n in ids.values()), f"duplicate grade ids in {kind}/{aid}: {ids}"
+    text = json.dumps(_read("notebooks", aid))
+    for marker in ("BEGIN SOLUTION", "END SOLUTION", "BEGIN HIDDEN TESTS", "END HIDDEN TESTS"):
+        assert marker not in text, f"notebooks/{aid} leaks {marker!r}"
+    graded = [c for c in _read("solutions", aid)["cells"] if _meta(c).get("grade")]
+    assert graded and all(_meta(c).get("points", 0) > 0 for c in graded)
+
+
+def test_release_is_fresh():
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "autograder", "release.py"), "--check"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("aid", AIDS)
+def test_solution_runs_top_to_bottom(aid):
+    nb = nbformat.read(os.path.join(ROOT, "solutions", aid, f"{aid}.ipynb"), as_version=4)
+    t0 = time.monotonic()
+    NotebookClient(nb, timeout=150, kernel_name="python3",
+                   resources={"metadata": {"path": os.path.join(ROOT, "solutions", aid)}}).execute()
+    took = time.monotonic() - t0
+    print(f"{aid}: executed in {took:.1f} s")
+    assert took < 120, f"{aid} took {took:.0f} s; the course promises about a minute"
+    if aid == "00_setup":
+        # Rank output lands in the cell that launched the ranks, prefixed with the rank.
+        cell = next(c for c in nb.cells if "launch(hello, 2)" in c.source)
+        text = "".join(o.get("text", "") for o in cell.outputs)
+        for r in range(2):
+            assert f"[rank {r}] hello from rank {r} of 2" in text
+        for r in range(4):
+            assert f"[rank {r}] hello from rank {r} of 4" in text
+
+
+def _validate(path, invert=False):
+    env = dict(os.environ, PATH=BIN + os.pathsep + os.environ["PATH"])
+    args = [os.path.join(BIN, "nbgrader"), "validate", path] + (["--invert"] if invert else [])
+    return subprocess.run(args, capture_output=True, text=True, env=env, timeout=600,
+                          cwd=os.path.join(ROOT, "autograder")).stdout
+
+
+def test_nbgrader_validate_on_00_setup():
+    """nbgrader's own check: the solution passes, and every graded cell fails on the stubs."""
+    assert "Success! Your notebook passes all the tests." in _validate(
+        os.path.join(ROOT, "solutions", "00_setup", "00_setup.ipynb"))
+    out = _validate(os.path.join(ROOT, "notebooks", "00_setup", "00_setup.ipynb"), invert=True)
+    assert "passed" not in out.replace("passes", ""), out
+
+
+def test_cell_timeout_leaves_no_process_behind():
+    """nbgrader's per-cell timeout interrupts the kernel mid-launch: every rank must go."""
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(
+        "import time\nfrom zerocourse import launch\n"
+        "def hang(rank, world_size):\n    time.sleep(600)\n"
+        "launch(hang, 3, timeout=300)")]
+    before = descendants(os.getpid())
+    client = NotebookClient(nb, timeout=8, kernel_name="python3", interrupt_on_timeout=True)
+    with pytest.raises((CellTimeoutError, CellExecutionError)):
+        client.execute()
+    deadline = time.monotonic() + 15
+    while descendants(os.getpid()) - before and time.monotonic() < deadline:
+        time.sleep(0.3)
+    assert descendants(os.getpid()) - before == set()

@@ -1,0 +1,186 @@
+"""The memory calculator of notebook 01, and the static "four stages" figure it draws.
+
+Both take the LEARNER's functions as arguments and draw what they return; nothing here knows
+the per-stage formulas. The split of a bar into families comes from the learner's totals:
+
+    T_s = model_state_bytes(num_params, world_size, s)        s = 0, 1, 2, 3
+    full family sizes from bytes_per_parameter() x num_params:
+        P = params,  G = grads,  O = master_params + momentum + variance
+    stage 1 removes T_0 - T_1 from the optimizer family, stage 2 removes T_1 - T_2 more from the
+    gradients, stage 3 removes T_2 - T_3 more from the parameters (ZeRO's order: O, then G, then P).
+
+A wrong formula shows up as a bar whose pieces do not add up: the calculator then warns.
+
+    calc = memory_calculator(bytes_per_parameter, model_state_bytes, max_num_params)
+    display(calc.widget)                      # sliders, bars per rank, "what fits"
+    calc.controls["world_size"].value = 8     # bars and text update (calc.data, calc.figure)
+"""
+from __future__ import annotations
+
+import io
+
+from matplotlib.figure import Figure
+
+FAMILIES = ("params", "grads", "optimizer")
+FAMILY_LABELS = {"params": "parameters (working copy)", "grads": "gradients",
+                 "optimizer": "optimizer state (master + moments)"}
+FAMILY_COLORS = {"params": "#1f77b4", "grads": "#ff7f0e", "optimizer": "#2ca02c"}
+STAGE_NAMES = ["DP (stage 0)", "ZeRO-1 (P_os)", "ZeRO-2 (P_os+g)", "ZeRO-3 (P_os+g+p)"]
+GB = 1e9
+
+
+def stage_breakdown(bytes_per_parameter, model_state_bytes, num_params, world_size,
+                    precision="mixed", optimizer="adam"):
+    """Bytes ONE rank holds at stages 0..3, split into params / grads / optimizer state.
+
+    Args:
+        bytes_per_parameter, model_state_bytes: the learner's functions (notebook 01).
+        num_params: Ψ, the model's parameter count.
+        world_size: N, the number of data-parallel ranks.
+        precision, optimizer: passed on to the learner's functions.
+    Returns:
+        list of 4 dicts {"params", "grads", "optimizer", "total", "consistent"}, one per stage:
+        "total" is the learner's model_state_bytes; "consistent" says whether the pieces add up
+        to it and none is negative.
+    """
+    per = bytes_per_parameter(precision, optimizer)
+    full = {"params": per.get("params", 0) * num_params,
+            "grads": per.get("grads", 0) * num_params,
+            "optimizer": sum(per.get(k, 0) for k in ("master_params", "momentum", "variance"))
+            * num_params}
+    totals = [float(model_state_bytes(num_params, world_size, s, precision, optimizer))
+              for s in range(4)]
+    kept = dict(full)
+    out = []
+    for s, family in enumerate((None,) + FAMILIES[::-1]):   # stage 1: O, 2: G, 3: P
+        if family is not None:
+            kept[family] -= totals[s - 1] - totals[s]
+        row = {f: max(kept[f], 0.0) for f in FAMILIES}
+        row["total"] = totals[s]
+        row["consistent"] = (all(kept[f] >= -1e-6 * max(totals[0], 1) for f in FAMILIES)
+                             and abs(sum(kept.values()) - totals[s]) <= 1e-6 * max(totals[0], 1))
+        out.append(row)
+    return out
+
+
+def draw_stages(ax, breakdown, device_bytes=None, highlight=None, title=None, unit=GB):
+    """Stacked bars (one per stage) of the bytes one rank holds; returns the bar containers.
+
+    Args:
+        ax: a matplotlib Axes.
+        breakdown: stage_breakdown(...)'s list.
+        device_bytes: if given, a dashed line at the device's memory.
+        highlight: stage index drawn with a thick black edge.
+        title: the axes' title.
+        unit: bytes per unit of the y axis (GB = 1e9).
+    """
+    xs = list(range(len(breakdown)))
+    bottom = [0.0] * len(xs)
+    containers = []
+    for f in FAMILIES:
+        h = [row[f] / unit for row in breakdown]
+        containers.append(ax.bar(xs, h, bottom=bottom, color=FAMILY_COLORS[f],
+                                 label=FAMILY_LABELS[f]))
+        bottom = [b + v for b, v in zip(bottom, h)]
+    for x, row in zip(xs, breakdown):
+        ax.annotate(f"{row['total'] / unit:.3g}", (x, row["total"] / unit), ha="center",
+                    va="bottom")
+    if highlight is not None:
+        ax.bar([highlight], [bottom[highlight]], fill=False, edgecolor="black", linewidth=2.5)
+    if device_bytes is not None:
+        ax.axhline(device_bytes / unit, color="crimson", linestyle="--",
+                   label=f"device memory ({device_bytes / unit:g} GB)")
+    ax.set_xticks(xs, STAGE_NAMES[:len(xs)], rotation=10)
+    ax.set_xlabel("ZeRO stage")
+    ax.set_ylabel("model states on one rank (GB)")
+    ax.set_title(title or "bytes of model states held by one rank")
+    ax.legend(loc="upper right", fontsize="small")
+    return containers
+
+
+class MemoryCalculator:
+    """What memory_calculator returns.
+
+    Attributes:
+        widget: the ipywidgets.VBox to display.
+        controls: {"num_params", "world_size", "stage", "precision", "optimizer", "device_gb"}.
+        figure: the matplotlib Figure drawn into the image.
+        data: the last breakdown (stage_breakdown's list) and the "what fits" numbers.
+        update(): redraw from the controls (called by every control change).
+    """
+
+    def __init__(self, bytes_per_parameter, model_state_bytes, max_num_params,
+                 num_params=7.5e9, world_size=64, stage=1, device_gb=32.0):
+        import ipywidgets as w
+        self._fns = (bytes_per_parameter, model_state_bytes, max_num_params)
+        style = {"description_width": "150px"}
+        layout = w.Layout(width="520px")
+        self.controls = {
+            "num_params": w.FloatLogSlider(value=num_params, base=10, min=6, max=13, step=0.05,
+                                           description="parameters Ψ", style=style,
+                                           layout=layout, readout_format=".3g"),
+            "world_size": w.SelectionSlider(options=[2 ** i for i in range(11)],
+                                            value=world_size, description="ranks N",
+                                            style=style, layout=layout),
+            "stage": w.ToggleButtons(options=[(n, s) for s, n in enumerate(STAGE_NAMES)],
+                                     value=stage, description="stage", style=style),
+            "precision": w.Dropdown(options=["mixed", "fp32"], value="mixed",
+                                    description="precision", style=style),
+            "optimizer": w.Dropdown(options=["adam", "sgd_momentum", "sgd"], value="adam",
+                                    description="optimizer", style=style),
+            "device_gb": w.FloatSlider(value=device_gb, min=4, max=192, step=4,
+                                       description="device memory (GB)", style=style,
+                                       layout=layout),
+        }
+        self.image = w.Image(format="png")
+        self.text = w.HTML()
+        self.figure = Figure(figsize=(7.5, 4.2))
+        self.data = {}
+        self.widget = w.VBox(list(self.controls.values()) + [self.text, self.image])
+        for c in self.controls.values():
+            c.observe(lambda change: self.update(), names="value")
+        self.update()
+
+    def update(self):
+        bpp, msb, mnp = self._fns
+        v = {k: c.value for k, c in self.controls.items()}
+        device_bytes = v["device_gb"] * GB
+        rows = stage_breakdown(bpp, msb, v["num_params"], v["world_size"], v["precision"],
+                               v["optimizer"])
+        fits = [mnp(device_bytes, v["world_size"], s, v["precision"], v["optimizer"])
+                for s in range(4)]
+        self.data = {"breakdown": rows, "max_num_params": fits, **v}
+        self.figure.clear()
+        ax = self.figure.add_subplot()
+        draw_stages(ax, rows, device_bytes=device_bytes, highlight=v["stage"],
+                    title=f"Ψ = {v['num_params']:.3g} parameters, N = {v['world_size']} ranks, "
+                          f"{v['precision']} + {v['optimizer']}")
+        self.figure.tight_layout()
+        buf = io.BytesIO()
+        self.figure.savefig(buf, format="png", dpi=80)
+        self.image.value = buf.getvalue()
+        s = v["stage"]
+        total = rows[s]["total"]
+        verdict = "✅ fits" if total <= device_bytes else "❌ does not fit"
+        lines = [f"<b>{STAGE_NAMES[s]}</b>: one rank holds <b>{total / GB:.4g} GB</b> of model "
+                 f"states: {verdict} in {v['device_gb']:g} GB.",
+                 "Largest model whose model states fit: " + ", ".join(
+                     f"{STAGE_NAMES[i]} {fits[i] / 1e9:.3g}B" for i in range(4)) + "."]
+        if not all(r["consistent"] for r in rows):
+            lines.append("⚠️ the bars do not add up to your model_state_bytes: does each stage "
+                         "shard the right family (1: optimizer state, 2: + gradients, "
+                         "3: + parameters)?")
+        self.text.value = "<br>".join(lines)
+        return self.data
+
+
+def memory_calculator(bytes_per_parameter, model_state_bytes, max_num_params, **defaults):
+    """An interactive per-rank memory calculator built on the learner's three functions.
+
+    Args:
+        bytes_per_parameter, model_state_bytes, max_num_params: the learner's functions.
+        defaults: num_params, world_size, stage, device_gb (initial values of the controls).
+    Returns:
+        a MemoryCalculator: display(calc.widget); calc.update(); calc.data; calc.figure.
+    """
+    return MemoryCalculator(bytes_per_parameter, model_state_bytes, max_num_params, **defaults)
