@@ -7,10 +7,12 @@ Grading folders (submitted/, autograded/, feedback/, the gradebook) live outside
 from this folder (`cd autograder && nbgrader ...`) so this file is found.
 """
 import os
+import sys
 
 c = get_config()  # noqa: F821 - provided by nbgrader
 
 _here = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(_here))    # for autograder.feedback
 c.CourseDirectory.course_id = "zero-by-hand"
 c.CourseDirectory.root = os.environ.get("ZEROCOURSE_NBGRADER_ROOT", os.path.dirname(_here))
 c.CourseDirectory.source_directory = "solutions"
@@ -29,9 +31,10 @@ c.Execute.allow_errors = True
 c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE\nraise NotImplementedError()"}
 c.ClearSolutions.text_stub = "YOUR ANSWER HERE"
 
-# Feedback must not show the hidden tests' source.
+# Feedback must not show the hidden tests' source, neither in the cells nor quoted by tracebacks.
 c.GenerateFeedback.preprocessors = [
     "nbgrader.preprocessors.GetGrades",
     "nbgrader.preprocessors.ClearHiddenTests",
+    "autograder.feedback.HideTestTracebacks",
     "nbconvert.preprocessors.CSSHTMLHeaderPreprocessor",
 ]

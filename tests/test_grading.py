@@ -1,5 +1,7 @@
 """`make grade` end to end on 00_setup: correct, partial, deadlocking, blank, broken files."""
 import csv
+import html
+import re
 import os
 import subprocess
 import time
@@ -59,14 +61,20 @@ def test_deadlocking_submission_ends_within_its_timeouts(graded):
     assert float(rows["dave"]["seconds"]) < 4 * (COLLECTIVE_TIMEOUT + 5) + 40
 
 
+def _text(path):
+    return html.unescape(re.sub(r"<[^>]+>", "", path.read_text()))
+
+
 def test_feedback_hides_hidden_tests(graded):
     rows, out, _ = graded
     for student in ("alice", "bob", "carol", "dave"):
-        html = (out / "feedback" / student / AID / f"{AID}.html").read_text()
-        assert "sum_of_ranks" in html
-        assert "BEGIN HIDDEN TESTS" not in html
-        assert "_mean_case(rank, world_size, shape, dtype, transpose)" not in html or \
-            "cases = [((5,), torch.float64" not in html    # the hidden cases never shown
+        text = _text(out / "feedback" / student / AID / f"{AID}.html")
+        assert "def sum_of_ranks" in text
+        assert "BEGIN HIDDEN TESTS" not in text
+        assert "for n in (1, 3, 4):" not in text          # a line only the hidden tests have
+    # What a learner does see for a failed hidden test: the check's message and its hint.
+    bob = _text(out / "feedback" / "bob" / AID / f"{AID}.html")
+    assert "❌ global_mean on" in bob and "Hint:" in bob
 
 
 def test_submissions_are_left_untouched(graded):

@@ -1,0 +1,34 @@
+"""Feedback preprocessors: what a learner sees after grading.
+
+nbgrader's ClearHiddenTests removes hidden tests from a cell's SOURCE, but a failing
+hidden test's traceback (the cell's error output) still quotes the lines around the
+failure. `HideTestTracebacks` keeps only the error's name and the check's own message
+(what was expected, what came, on which rank, the hint) in graded test cells.
+"""
+from nbconvert.preprocessors import Preprocessor
+from traitlets import Bool
+
+
+def _short(evalue: str) -> str:
+    """The check's message, without any rank traceback quoted after it."""
+    keep = []
+    for line in evalue.splitlines():
+        if line.startswith("--- traceback from rank") or line.startswith("Traceback (most recent"):
+            break
+        keep.append(line)
+    return "\n".join(keep)
+
+
+class HideTestTracebacks(Preprocessor):
+    """Replace error tracebacks of graded test cells by `ename: message`."""
+
+    enabled = Bool(True).tag(config=True)   # nbconvert preprocessors are off by default
+
+    def preprocess_cell(self, cell, resources, index):
+        meta = cell.get("metadata", {}).get("nbgrader", {})
+        if cell.get("cell_type") == "code" and meta.get("grade") and not meta.get("solution"):
+            for out in cell.get("outputs", []):
+                if out.get("output_type") == "error":
+                    out["evalue"] = _short(out.get("evalue", ""))
+                    out["traceback"] = [f"{out.get('ename', 'Error')}: {out['evalue']}"]
+        return cell, resources

@@ -1,0 +1,161 @@
+"""02_data_parallelism: the graded cells pass on the solution, fail on the stubs, and catch the bugs.
+
+Bug fixtures run only the graded cells a bug can reach (`only=`), to keep the launches few.
+"""
+import time
+
+import pytest
+
+from tests.harness import grade_cells, score
+
+AID = "02_data_parallelism"
+
+SHARD = ["dp-shard-batch-check", "dp-shard-batch-hidden"]
+BCAST = ["dp-broadcast-check", "dp-broadcast-hidden"]
+AVG = ["dp-average-gradients-check", "dp-average-gradients-hidden"]
+STEP = ["dp-train-step-check", "dp-train-step-hidden"]
+TOTAL = 15
+
+
+def test_solution_gets_full_marks():
+    results = grade_cells(AID)
+    assert set(results) == set(SHARD + BCAST + AVG + STEP)
+    assert all(err is None for err in results.values()), results
+    assert score(AID, results) == (TOTAL, TOTAL)
+
+
+def test_every_graded_cell_fails_on_the_stubs():
+    results = grade_cells(AID, release=True)
+    assert set(results) == set(SHARD + BCAST + AVG + STEP)
+    assert all(err is not None for err in results.values()), results
+    assert score(AID, results) == (0, TOTAL)
+
+
+AVG_LOOP = "for p in model.parameters():\n        if p.grad is not None:"
+BUGS = {
+    # bug: (edits, cells to run, cells that must fail, cells that must pass)
+    "no division by world size": (
+        [("dp-average-gradients", "p.grad /= world_size", "pass")], AVG, AVG, []),
+    "divides twice": (
+        [("dp-average-gradients", "p.grad /= world_size",
+          "p.grad /= world_size\n            p.grad /= world_size")], AVG, AVG, []),
+    "all-reduces a clone": (
+        [("dp-average-gradients", "dist.all_reduce(p.grad,", "dist.all_reduce(p.grad.clone(),")],
+        AVG, AVG, []),
+    "reduces only some parameters": (
+        [("dp-average-gradients", "for p in model.parameters():",
+          "for p in list(model.parameters())[2:]:")], AVG, AVG, []),  # skips the tied weight
+    "strided sharding": (
+        [("dp-shard-batch", "return batch[rank * shard:(rank + 1) * shard]",
+          "return batch[rank::world_size]")],
+        SHARD + STEP, SHARD + ["dp-train-step-hidden"], []),
+    "no ValueError on an indivisible batch": (
+        [("dp-shard-batch", "if size % world_size != 0:", "if False:")],
+        SHARD, SHARD, []),
+    "broadcast from rank 0 whatever src": (
+        [("dp-broadcast-parameters", "src=src)", "src=0)")],
+        BCAST, ["dp-broadcast-hidden"], ["dp-broadcast-check"]),
+    "no zero_grad (gradients accumulate)": (
+        [("dp-train-step", "    optimizer.zero_grad()\n", "")], STEP, STEP, []),
+    "no division, seen through dp_train_step": (
+        [("dp-average-gradients", "p.grad /= world_size", "pass")], STEP, STEP, []),
+}
+
+
+@pytest.mark.parametrize("bug", list(BUGS))
+def test_bug_is_caught(bug):
+    edits, only, must_fail, must_pass = BUGS[bug]
+    results = grade_cells(AID, edits=edits, only=only)
+    failed = {g for g, err in results.items() if err is not None}
+    assert set(must_fail) <= failed, (bug, results)
+    assert not set(must_pass) & failed, (bug, results)
+    earned, total = score(AID, results)
+    assert earned < total
+
+
+@pytest.mark.parametrize("where", ["average_gradients", "dp_train_step"])
+def test_collective_on_some_ranks_is_a_clear_error_not_a_hang(where):
+    if where == "average_gradients":
+        edits = [("dp-average-gradients", "if p.grad is not None:",
+                  "if p.grad is not None and dist.get_rank() == 0:")]
+        only = ["dp-average-gradients-check"]
+    else:
+        edits = [("dp-train-step", "    average_gradients(model)\n",
+                  "    if dist.get_rank() != 0:\n        average_gradients(model)\n")]
+        only = ["dp-train-step-check"]
+    t0 = time.monotonic()
+    results = grade_cells(AID, edits=edits, only=only)
+    assert time.monotonic() - t0 < 40
+    err = results[only[0]]
+    # launch raises a RankError that is also an instance of the rank's exception class, so the
+    # cell's error reads "RuntimeError: rank r failed with ..." plus the launcher's diagnosis.
+    assert err is not None and "failed with" in err and "only some ranks" in err, err
+    assert score(AID, results)[0] == 0
+
+
+FLAT_AVG = '''
+def average_gradients(model):
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    if not grads:
+        return
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat)
+    flat /= dist.get_world_size()
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset:offset + g.numel()].view_as(g))
+        offset += g.numel()
+'''
+FLAT_BCAST = '''
+def broadcast_parameters(model, src=0):
+    params = list(model.parameters())
+    flat = torch.nn.utils.parameters_to_vector(params).detach().clone()
+    dist.broadcast(flat, src)
+    with torch.no_grad():
+        torch.nn.utils.vector_to_parameters(flat, params)
+'''
+AVG_OP = '''
+def average_gradients(model):
+    for p in model.parameters():
+        if p.grad is not None:
+            dist.all_reduce(p.grad, op=dist.ReduceOp.AVG)
+'''
+CHUNK_STEP = '''
+def dp_train_step(model, optimizer, inputs, targets, loss_fn):
+    world_size = dist.get_world_size()
+    if len(inputs) % world_size:
+        raise ValueError(f"{len(inputs)} not divisible by {world_size}")
+    x = inputs.chunk(world_size)[dist.get_rank()]
+    y = targets.chunk(world_size)[dist.get_rank()]
+    out = loss_fn(model(x), y)
+    out.backward()
+    average_gradients(model)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=False)
+    return out.detach().clone()
+'''
+TENSOR_SPLIT_SHARD = '''
+def shard_batch(batch, rank, world_size):
+    if batch.size(0) % world_size:
+        raise ValueError(f"cannot split {batch.size(0)} examples over {world_size} ranks")
+    return torch.tensor_split(batch, world_size)[rank]
+'''
+VALID = {
+    "AVG all-reduce, tensor_split sharding": (
+        {"dp-average-gradients": AVG_OP, "dp-shard-batch": TENSOR_SPLIT_SHARD},
+        SHARD + AVG),
+    "flat all-reduce and flat broadcast": (
+        {"dp-average-gradients": FLAT_AVG, "dp-broadcast-parameters": FLAT_BCAST},
+        BCAST + AVG + ["dp-train-step-check"]),
+    "chunk sharding, zero_grad(set_to_none=False)": (
+        {"dp-train-step": CHUNK_STEP}, STEP),
+}
+
+
+@pytest.mark.parametrize("alt", list(VALID))
+def test_valid_alternatives_get_full_marks(alt):
+    solutions, only = VALID[alt]
+    results = grade_cells(AID, solutions=solutions, only=only)
+    assert all(err is None for err in results.values()), results
+    earned, total = score(AID, results)
+    assert earned == total > 0
