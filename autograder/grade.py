@@ -22,6 +22,7 @@ import json
 import os
 import shutil
 import sys
+import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -61,13 +62,50 @@ def _score(db_path: str, aid: str, sid: str) -> float | None:
             return None
 
 
-def grade(submissions: str, out: str, timeout: float = 1200.0) -> list[dict]:
+def _user_tasks() -> int:
+    """Processes and threads of this user now: RLIMIT_NPROC counts both, machine-wide."""
+    n = 0
+    for entry in os.listdir("/proc"):
+        try:
+            if entry.isdigit() and os.stat(f"/proc/{entry}").st_uid == os.getuid():
+                n += len(os.listdir(f"/proc/{entry}/task"))
+        except OSError:
+            pass
+    return n
+
+
+def sandbox_env(out: str, submissions: str, work: str) -> dict:
+    """Environment that makes nbgrader start this submission's kernel in the sandbox
+    (autograder/sandbox_kernel.py): a python3 kernelspec of our own, Unix-socket transport."""
+    if shutil.which("bwrap") is None:
+        raise SystemExit("make grade runs each submission in a bubblewrap sandbox, and bwrap is "
+                         "not installed: `sudo apt-get install bubblewrap` (Debian/Ubuntu), or "
+                         "grade unsandboxed with ZEROCOURSE_SANDBOX=0 (trusted submissions only)")
+    spec_dir = os.path.join(work, "jupyter", "kernels", "python3")
+    os.makedirs(spec_dir, exist_ok=True)
+    with open(os.path.join(spec_dir, "kernel.json"), "w") as f:
+        json.dump({"argv": [sys.executable, os.path.join(ROOT, "autograder", "sandbox_kernel.py"),
+                            "-f", "{connection_file}"],
+                   "display_name": "Python 3 (sandboxed)", "language": "python"}, f)
+    hide = [os.path.join(ROOT, "solutions"), os.path.join(ROOT, "tests"), os.path.join(ROOT, ".git"),
+            os.path.join(ROOT, "autograder", "gradebook.db"), out, submissions]
+    return {"JUPYTER_PATH": os.path.join(work, "jupyter"),
+            "JUPYTER_RUNTIME_DIR": os.path.join(work, "runtime"),
+            "ZC_SANDBOX_WORK": work,
+            "ZC_SANDBOX_HIDE": os.pathsep.join(hide),
+            # RLIMIT_NPROC counts all of this user's tasks: allow the ones running now + 512.
+            "ZC_SANDBOX_NPROC": str(_user_tasks() + 512),
+            "ZC_SANDBOX_MEM": os.environ.get("ZC_SANDBOX_MEM", str(4 << 30))}
+
+
+def grade(submissions: str, out: str, timeout: float = 1200.0, sandbox: bool = True) -> list[dict]:
     """Grade every submission under `submissions` into `out`; return the grade rows.
 
     Args:
         submissions: folder laid out <student_id>/<assignment_id>/<assignment_id>.ipynb.
         out: output folder (created; reused across runs, the gradebook keeps growing).
         timeout: seconds one submission's autograde may take in all.
+        sandbox: run each submission's kernel in the bubblewrap sandbox (autograder/sandbox_kernel.py).
     """
     submissions, out = os.path.abspath(submissions), os.path.abspath(out)
     if not os.path.isdir(submissions):
@@ -120,8 +158,14 @@ def grade(submissions: str, out: str, timeout: float = 1200.0) -> list[dict]:
             os.makedirs(dst)
             shutil.copy2(nb_path, os.path.join(dst, f"{aid}.ipynb"))
             step = ["autograde", aid, "--student", sid, "--create", "--force"]
+            # A short private folder: Unix socket paths must stay under ~100 characters.
+            work = tempfile.mkdtemp(prefix="zcsb-")
+            run_env = dict(env)
+            if sandbox:
+                run_env.update(sandbox_env(out, submissions, work))
+                run_env["ZEROCOURSE_KERNEL_IPC"] = os.path.join(work, "k")
             try:
-                proc = nbgrader(*step, env=env, timeout=timeout)
+                proc = nbgrader(*step, env=run_env, timeout=timeout)
                 log = f"$ nbgrader {' '.join(step)}\n{proc.stdout}{proc.stderr}"
                 if proc.returncode != 0:
                     why = f"nbgrader autograde failed (see logs/{sid}-{aid}.log)"
@@ -129,6 +173,8 @@ def grade(submissions: str, out: str, timeout: float = 1200.0) -> list[dict]:
                     graded.setdefault(aid, []).append(sid)
             except Exception as e:  # subprocess.TimeoutExpired and friends
                 log, why = f"$ nbgrader {' '.join(step)}\n{e}", f"grading stopped: {type(e).__name__}"
+            finally:
+                shutil.rmtree(work, ignore_errors=True)
             with open(os.path.join(out, "logs", f"{sid}-{aid}.log"), "w") as f:
                 f.write(log)
             score = _score(db_path, aid, sid)
@@ -162,8 +208,11 @@ def main() -> int:
     parser.add_argument("out")
     parser.add_argument("--timeout", type=float, default=1200.0,
                         help="seconds one submission may take (default 1200)")
+    parser.add_argument("--no-sandbox", action="store_true",
+                        help="run kernels unsandboxed (also ZEROCOURSE_SANDBOX=0); trusted work only")
     args = parser.parse_args()
-    rows = grade(args.submissions, args.out, args.timeout)
+    sandbox = not args.no_sandbox and os.environ.get("ZEROCOURSE_SANDBOX", "1") != "0"
+    rows = grade(args.submissions, args.out, args.timeout, sandbox=sandbox)
     width = max([len(r["student_id"]) for r in rows] + [10])
     for r in rows:
         print(f"{r['student_id']:<{width}} {r['assignment_id']:<24} "

@@ -23,10 +23,27 @@ c.CourseDirectory.db_url = os.environ.get(
 # Per-cell limit while autograding. A launch() defaults to 60 s (ZEROCOURSE_TIMEOUT) and a stuck
 # collective errors after 20 s (ZEROCOURSE_COLLECTIVE_TIMEOUT); a test cell stops at its first
 # failure, so one cell never waits for more than one launch timeout.
-c.Execute.timeout = 150
+c.Execute.timeout = int(os.environ.get("ZEROCOURSE_CELL_TIMEOUT", 150))
 c.Execute.interrupt_on_timeout = True
-# A kernel that dies must fail the cell it died in (and so the rest), not be restarted quietly.
-c.Execute.allow_errors = True
+
+# Sandboxed grading (autograder/grade.py sets these): the kernel lives in its own network
+# namespace, so it talks to nbgrader over Unix sockets instead of TCP.
+if os.environ.get("ZEROCOURSE_KERNEL_IPC"):
+    c.KernelManager.transport = "ipc"
+    c.KernelManager.ip = os.environ["ZEROCOURSE_KERNEL_IPC"]
+
+# Before every graded test cell: fail it if the learner's cells replaced the course's
+# instruments (zerocourse.checks, .comm, .launch, ...) or Python's builtins.
+c.Autograde.autograde_preprocessors = [
+    "autograder.feedback.GuardGradedCells",
+    "nbgrader.preprocessors.Execute",
+    "nbgrader.preprocessors.IgnorePattern",
+    "nbgrader.preprocessors.ClearMetadataPreprocessor",
+    "nbgrader.preprocessors.LimitOutput",
+    "nbgrader.preprocessors.SaveAutoGrades",
+    "nbgrader.preprocessors.AssignLatePenalties",
+    "nbgrader.preprocessors.CheckCellMetadata",
+]
 
 c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE\nraise NotImplementedError()"}
 c.ClearSolutions.text_stub = "YOUR ANSWER HERE"

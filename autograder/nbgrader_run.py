@@ -6,6 +6,7 @@ tools (alembic) through PATH, so every call goes through `nbgrader(...)` here.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 
@@ -34,5 +35,17 @@ def nbgrader(*args: str, env: dict | None = None, timeout: float | None = None,
     full_env = dict(os.environ)
     full_env["PATH"] = BIN + os.pathsep + full_env.get("PATH", "")
     full_env.update(env or {})
-    return subprocess.run([os.path.join(BIN, "nbgrader"), *args], cwd=cwd, env=full_env,
-                          capture_output=True, text=True, timeout=timeout)
+    # Its own session, so a timeout kills nbgrader AND the kernel it started.
+    proc = subprocess.Popen([os.path.join(BIN, "nbgrader"), *args], cwd=cwd, env=full_env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)

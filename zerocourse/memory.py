@@ -54,7 +54,8 @@ def _storages(t):
     """The untyped storages behind a tensor (several for a wrapper subclass such as DTensor)."""
     if is_traceable_wrapper_subclass(t):
         inner_names, _ = t.__tensor_flatten__()
-        return [st for name in inner_names for st in _storages(getattr(t, name))]
+        inner = (getattr(t, name) for name in inner_names)
+        return [st for x in inner if isinstance(x, torch.Tensor) for st in _storages(x)]
     if t.layout != torch.strided or t.device.type == "meta":
         return []  # sparse or shape-only tensors: no plain storage to count
     try:

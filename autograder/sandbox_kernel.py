@@ -1,0 +1,73 @@
+"""Start an IPython kernel inside a sandbox: the kernel command of graded notebooks.
+
+`make grade` installs a kernelspec named python3 whose argv is
+    python sandbox_kernel.py -f {connection_file}
+so every submission's kernel (and the ranks it launches) runs under bubblewrap:
+
+- no network: a fresh network namespace with only loopback (gloo ranks still talk);
+- its own PID namespace: when the kernel goes, every process it started goes too;
+- a read-only view of the machine, with the course's secrets hidden (solutions/,
+  tests/, the grading folder with the gradebook and other students' work, the
+  submissions folder) and a private /tmp; the only writable folder is its own;
+- no capabilities, and rlimits: address space per process (ZC_SANDBOX_MEM, bytes),
+  processes of the user (ZC_SANDBOX_NPROC), CPU seconds per process (ZC_SANDBOX_CPU),
+  file size (ZC_SANDBOX_FSIZE).
+
+The kernel talks to nbgrader over Unix sockets (transport=ipc) in its folder, since
+TCP on the host's loopback is out of reach from its network namespace.
+Configuration comes from the environment (set by autograder/grade.py):
+    ZC_SANDBOX_WORK   the submission's writable folder (also the kernel's cwd and HOME)
+    ZC_SANDBOX_HIDE   paths to hide, separated by os.pathsep
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+
+
+def bwrap_command(argv_tail: list[str], env: dict) -> list[str]:
+    """The bwrap + prlimit command that runs `argv_tail` sandboxed."""
+    work = env["ZC_SANDBOX_WORK"]
+    cmd = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
+           "--tmpfs", "/tmp", "--tmpfs", "/dev/shm"]
+    for path in filter(None, env.get("ZC_SANDBOX_HIDE", "").split(os.pathsep)):
+        if os.path.isdir(path):
+            cmd += ["--tmpfs", path]
+        elif os.path.exists(path):
+            cmd += ["--ro-bind", "/dev/null", path]
+    cmd += ["--bind", work, work, "--chdir", work, "--setenv", "HOME", work,
+            "--setenv", "TMPDIR", "/tmp",
+            # c10d warns on every rank that 127.0.0.1 has no host name (no resolver here).
+            "--setenv", "TORCH_CPP_LOG_LEVEL", "ERROR", "--setenv", "MPLCONFIGDIR", os.path.join(work, ".mpl"),
+            # ipykernel watches JPY_PARENT_PID, invisible from a new PID namespace;
+            # --die-with-parent ties the kernel to nbgrader instead.
+            "--unsetenv", "JPY_PARENT_PID",
+            "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
+            "--die-with-parent", "--new-session", "--cap-drop", "ALL", "--"]
+    cmd += ["prlimit", f"--as={env.get('ZC_SANDBOX_MEM', 4 << 30)}",
+            f"--nproc={env.get('ZC_SANDBOX_NPROC', 512)}",
+            f"--cpu={env.get('ZC_SANDBOX_CPU', 900)}",
+            f"--fsize={env.get('ZC_SANDBOX_FSIZE', 1 << 30)}", "--"]
+    return cmd + argv_tail
+
+
+def main() -> None:
+    if shutil.which("bwrap") is None:
+        sys.exit("sandbox_kernel: bubblewrap (bwrap) is not installed: `apt-get install "
+                 "bubblewrap`, or grade without the sandbox (ZEROCOURSE_SANDBOX=0)")
+    args = sys.argv[1:]
+    if "-f" in args:
+        # The connection file lives in the host's /tmp, which the sandbox replaces by its
+        # own: hand the kernel a copy inside its folder.
+        i = args.index("-f") + 1
+        copy = os.path.join(os.environ["ZC_SANDBOX_WORK"], "connection.json")
+        shutil.copyfile(args[i], copy)
+        args[i] = copy
+    tail = [sys.executable, "-m", "ipykernel_launcher", *args]
+    cmd = bwrap_command(tail, dict(os.environ))
+    os.execvp(cmd[0], cmd)
+
+
+if __name__ == "__main__":
+    main()

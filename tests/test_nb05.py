@@ -1,0 +1,129 @@
+"""05_zero3: the graded cells pass on the solution, fail on the stubs, and catch the bug classes.
+
+Each bug fixture injects one bug into the reference solution and runs only the graded cells it
+must break (`only=`), to keep the launches few.
+"""
+import pytest
+
+from tests.harness import grade_cells, score
+
+AID = "05_zero3"
+MOD, ADAM = "zero3-module", "zero3-adam"
+CHECK, TRAIN, MEM, COMM = "zero3-module-check", "zero3-train-hidden", "zero3-memory-hidden", "zero3-comm-hidden"
+ALL = [CHECK, TRAIN, MEM, COMM]
+TOTAL = 17
+
+
+def test_solution_gets_full_marks():
+    results = grade_cells(AID)
+    assert set(results) == set(ALL)
+    assert all(err is None for err in results.values()), results
+    assert score(AID, results) == (TOTAL, TOTAL)
+
+
+def test_every_graded_cell_fails_on_the_stubs():
+    results = grade_cells(AID, release=True)
+    assert set(results) == set(ALL)
+    assert all(err is not None for err in results.values()), results
+    assert score(AID, results) == (0, TOTAL)
+
+
+RS = ("dist.reduce_scatter_single(shard_grad, flat_grad, op=dist.ReduceOp.SUM)\n"
+      "        shard_grad /= self.world_size")
+PRE_GATHER = "            for unit in units:\n                unit.gather()\n            if torch.is_grad_enabled():"
+BUGS = {
+    # bug: (edits, cells that must fail)
+    "gathers everything at construction and keeps it": (
+        [(MOD, "self.flat.untyped_storage().resize_(0)", "pass")], [CHECK, MEM]),
+    "does not free after forward": (
+        [(MOD, "        def post_forward(mod, args, output):\n            for unit in units:\n"
+               "                unit.free()\n", "        def post_forward(mod, args, output):\n")], [MEM]),
+    "gathers the whole model at once": (
+        [(MOD, PRE_GATHER, "            for unit in self.units:\n                unit.gather()\n"
+                           "            if torch.is_grad_enabled():")], [MEM]),
+    "does not re-gather in backward": (
+        [(MOD, "                        for unit in units:\n                            unit.gather()\n",
+          "                        for unit in units:\n")], [CHECK, TRAIN]),
+    "each rank steps with its local gradient": (
+        [(MOD, RS, "shard_grad.copy_(flat_grad.chunk(self.world_size)[self.rank])")], [CHECK, TRAIN, COMM]),
+    "reduce-scatter without averaging": (
+        [(MOD, "        shard_grad /= self.world_size\n", "")], [TRAIN]),
+    "all-reduce of the full gradient instead of reduce-scatter": (
+        [(MOD, RS, "dist.all_reduce(flat_grad)\n        flat_grad /= self.world_size\n"
+                   "        shard_grad.copy_(flat_grad.chunk(self.world_size)[self.rank])")], [COMM]),
+    "a unit used twice is gathered only at its first use": (
+        [(MOD, PRE_GATHER, "            for unit in units:\n                if not getattr(unit, 'seen', False):\n"
+                           "                    unit.gather()\n                unit.seen = True\n"
+                           "            if torch.is_grad_enabled():"),
+         (MOD, "        self._pending.clear()", "        self._pending.clear()\n"
+                                                 "        for u in self.units:\n            u.seen = False")],
+        [CHECK, TRAIN]),
+    "tied weight in two units (updated twice)": (
+        [(MOD, "new = [p for p in own if p not in unit_of]", "new = own")], [CHECK, TRAIN]),
+    "weight decay moves frozen parameters": (
+        [(MOD, "if p.requires_grad and max(a, lo) < min(b, hi)]", "if max(a, lo) < min(b, hi)]")], [TRAIN]),
+}
+
+
+@pytest.mark.parametrize("bug", list(BUGS))
+def test_bug_is_caught(bug):
+    edits, must_fail = BUGS[bug]
+    results = grade_cells(AID, edits=edits, only=must_fail)
+    failed = {g for g, err in results.items() if err is not None}
+    assert set(must_fail) <= failed, (bug, results)
+    earned, total = score(AID, results)
+    assert earned < total
+
+
+VALID = {
+    "gradients reduce-scattered in fp32": [
+        (MOD, "flat_grad = torch.zeros(self.shard_numel * self.world_size, dtype=self.flat.dtype)",
+         "flat_grad = torch.zeros(self.shard_numel * self.world_size, dtype=torch.float32)"),
+        (MOD, "shard_grad = torch.empty(self.shard_numel, dtype=self.flat.dtype)",
+         "shard_grad = torch.empty(self.shard_numel, dtype=torch.float32)"),
+    ],
+    "list all_gather, zero_grad zeroes in place": [
+        (MOD, "dist.all_gather_single(self.flat, self.shard)",
+         "dist.all_gather(list(self.flat.chunk(self.world_size)), self.shard)"),
+        (ADAM, "            unit.grad_shard = None",
+         "            if unit.grad_shard is not None:\n                unit.grad_shard.zero_()"),
+    ],
+    "swap p.data for new tensors instead of resizing storage": [
+        (MOD, "self.name = name", "self.name = name\n        self.shapes = [p.shape for p in params]"),
+        (MOD, "return self.flat.untyped_storage().nbytes() > 0", "return self.params[0].numel() > 0"),
+        (MOD, "self.flat.untyped_storage().resize_(self.nbytes)\n        with torch.no_grad():\n"
+              "            dist.all_gather_single(self.flat, self.shard)",
+         "flat = torch.empty(self.shard_numel * self.world_size, dtype=self.shard.dtype)\n"
+         "        dist.all_gather_single(flat, self.shard)\n"
+         "        for p, s, (a, b) in zip(self.params, self.shapes, self.slices):\n"
+         "            p.data = flat[a:b].view(s)"),
+        (MOD, "self.flat.untyped_storage().resize_(0)",
+         "self.flat = torch.empty(0, dtype=self.shard.dtype)\n"
+         "        for p in self.params:\n            p.data = torch.empty(0, dtype=self.shard.dtype)"),
+    ],
+}
+
+
+# The memory tests must not pass vacuously for a p.data-swapping implementation (its parameters
+# have 0 elements at rest, so the tracker needs the shapes recorded before wrapping).
+BUGS_ON_SWAP = {
+    "swap p.data, but does not free after forward": BUGS["does not free after forward"][0],
+    "swap p.data, but frees nothing": [(MOD, "self.flat = torch.empty(0, dtype=self.shard.dtype)\n"
+                                             "        for p in self.params:\n            p.data = "
+                                             "torch.empty(0, dtype=self.shard.dtype)", "pass")],
+}
+
+
+@pytest.mark.parametrize("bug", list(BUGS_ON_SWAP))
+def test_bug_is_caught_in_the_data_swap_variant(bug):
+    results = grade_cells(AID, edits=VALID["swap p.data for new tensors instead of resizing storage"]
+                          + BUGS_ON_SWAP[bug], only=[MEM])
+    assert results[MEM] is not None, (bug, results)
+
+
+@pytest.mark.parametrize("alt", list(VALID))
+def test_valid_alternatives_get_full_marks(alt):
+    results = grade_cells(AID, edits=VALID[alt])
+    assert all(err is None for err in results.values()), (alt, results)
+    earned, total = score(AID, results)
+    assert earned == total == TOTAL
