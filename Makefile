@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.zerocourse-installed
 WORKDIR ?= my-notebooks
 LAB_ARGS ?=
 
-.PHONY: help setup lab test test-fast release check-release grade feedback check bench clean-venv
+.PHONY: help setup sandbox-tools lab test test-fast release check-release grade feedback check bench clean-venv
 
 help:
 	@echo "make lab       set up .venv and open the course in JupyterLab (your copies: $(WORKDIR)/)"
@@ -26,6 +26,14 @@ $(STAMP): requirements.txt pyproject.toml
 
 setup: $(STAMP)
 
+# `make grade` runs every submission's kernel under bubblewrap (autograder/sandbox_kernel.py).
+sandbox-tools:
+	@command -v bwrap >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing bubblewrap (the grading sandbox)"; \
+	    apt-get update -qq >/dev/null && apt-get install -y -qq bubblewrap >/dev/null; \
+	  else echo "bubblewrap missing: sudo apt-get install bubblewrap (or grade with ZEROCOURSE_SANDBOX=0)"; fi; }
+
 # Copy the course's notebooks into $(WORKDIR) once: files already there are yours and are
 # never overwritten, so `git pull` brings new notebooks without touching your work.
 lab: setup
@@ -36,7 +44,7 @@ lab: setup
 	done
 	$(VENV)/bin/jupyter lab --notebook-dir=$(WORKDIR) $$( [ "$$(id -u)" = 0 ] && echo --allow-root ) $(LAB_ARGS)
 
-test: setup
+test: setup sandbox-tools
 	$(PY) -m pytest tests
 
 release: setup
@@ -45,7 +53,7 @@ release: setup
 check-release: setup
 	$(PY) autograder/release.py --check
 
-grade: setup
+grade: setup sandbox-tools
 	@test -n "$(SUBMISSIONS)" -a -n "$(OUT)" || { echo "usage: make grade SUBMISSIONS=dir OUT=dir"; exit 2; }
 	$(PY) autograder/grade.py "$(SUBMISSIONS)" "$(OUT)"
 

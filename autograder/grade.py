@@ -74,6 +74,48 @@ def _user_tasks() -> int:
     return n
 
 
+PIDS_CGROUP_ROOT = "/sys/fs/cgroup/pids"
+PIDS_MAX = 256          # processes + threads of one submission (a 4-rank launch needs ~60)
+
+
+def make_pids_cgroup() -> str | None:
+    """A fresh cgroup capping one submission's tasks, or None where cgroups are not writable."""
+    if not os.access(PIDS_CGROUP_ROOT, os.W_OK):
+        return None
+    path = os.path.join(PIDS_CGROUP_ROOT, f"zerocourse-{os.getpid()}-{time.monotonic_ns()}")
+    try:
+        os.mkdir(path)
+        with open(os.path.join(path, "pids.max"), "w") as f:
+            f.write(str(PIDS_MAX))
+        return path
+    except OSError:
+        return None
+
+
+def remove_cgroup(path: str | None) -> None:
+    """Kill whatever is still in the cgroup (nothing outlives grading), then remove it."""
+    if not path:
+        return
+    for _ in range(50):
+        try:
+            with open(os.path.join(path, "cgroup.procs")) as f:
+                pids = [int(p) for p in f.read().split()]
+        except OSError:
+            return
+        if not pids:
+            break
+        for pid in pids:
+            try:
+                os.kill(pid, 9)
+            except OSError:
+                pass
+        time.sleep(0.1)
+    try:
+        os.rmdir(path)
+    except OSError:
+        pass
+
+
 def sandbox_env(out: str, submissions: str, work: str) -> dict:
     """Environment that makes nbgrader start this submission's kernel in the sandbox
     (autograder/sandbox_kernel.py): a python3 kernelspec of our own, Unix-socket transport."""
@@ -86,6 +128,8 @@ def sandbox_env(out: str, submissions: str, work: str) -> dict:
     with open(os.path.join(spec_dir, "kernel.json"), "w") as f:
         json.dump({"argv": [sys.executable, os.path.join(ROOT, "autograder", "sandbox_kernel.py"),
                             "-f", "{connection_file}"],
+                   # Interrupts travel as a message: a signal to the launcher would stop at bwrap.
+                   "interrupt_mode": "message",
                    "display_name": "Python 3 (sandboxed)", "language": "python"}, f)
     hide = [os.path.join(ROOT, "solutions"), os.path.join(ROOT, "tests"), os.path.join(ROOT, ".git"),
             os.path.join(ROOT, "autograder", "gradebook.db"), out, submissions]
@@ -93,8 +137,9 @@ def sandbox_env(out: str, submissions: str, work: str) -> dict:
             "JUPYTER_RUNTIME_DIR": os.path.join(work, "runtime"),
             "ZC_SANDBOX_WORK": work,
             "ZC_SANDBOX_HIDE": os.pathsep.join(hide),
-            # RLIMIT_NPROC counts all of this user's tasks: allow the ones running now + 512.
-            "ZC_SANDBOX_NPROC": str(_user_tasks() + 512),
+            # RLIMIT_NPROC counts all of this user's tasks: allow the ones running now + 200
+            # (a 4-rank launch needs ~60 with their threads).
+            "ZC_SANDBOX_NPROC": str(_user_tasks() + 200),
             "ZC_SANDBOX_MEM": os.environ.get("ZC_SANDBOX_MEM", str(4 << 30))}
 
 
@@ -161,19 +206,29 @@ def grade(submissions: str, out: str, timeout: float = 1200.0, sandbox: bool = T
             # A short private folder: Unix socket paths must stay under ~100 characters.
             work = tempfile.mkdtemp(prefix="zcsb-")
             run_env = dict(env)
+            cgroup = None
             if sandbox:
                 run_env.update(sandbox_env(out, submissions, work))
                 run_env["ZEROCOURSE_KERNEL_IPC"] = os.path.join(work, "k")
+                cgroup = make_pids_cgroup()
+                if cgroup:
+                    run_env["ZC_SANDBOX_CGROUP"] = cgroup
             try:
                 proc = nbgrader(*step, env=run_env, timeout=timeout)
                 log = f"$ nbgrader {' '.join(step)}\n{proc.stdout}{proc.stderr}"
-                if proc.returncode != 0:
+                if "DeadKernelError" in log or "Kernel died" in log:
+                    # nbgrader stops a notebook whose kernel died (os.abort, a segfault, the
+                    # memory limit): nothing after it was run, so nothing after it passes.
+                    why = (f"kernel died while running the notebook (os.abort, a crash or a "
+                           f"limit): no test counted; see logs/{sid}-{aid}.log")
+                elif proc.returncode != 0:
                     why = f"nbgrader autograde failed (see logs/{sid}-{aid}.log)"
                 else:
                     graded.setdefault(aid, []).append(sid)
             except Exception as e:  # subprocess.TimeoutExpired and friends
                 log, why = f"$ nbgrader {' '.join(step)}\n{e}", f"grading stopped: {type(e).__name__}"
             finally:
+                remove_cgroup(cgroup)
                 shutil.rmtree(work, ignore_errors=True)
             with open(os.path.join(out, "logs", f"{sid}-{aid}.log"), "w") as f:
                 f.write(log)

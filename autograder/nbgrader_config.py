@@ -38,7 +38,7 @@ c.Autograde.autograde_preprocessors = [
     "autograder.feedback.GuardGradedCells",
     "nbgrader.preprocessors.Execute",
     "nbgrader.preprocessors.IgnorePattern",
-    "nbgrader.preprocessors.ClearMetadataPreprocessor",
+    "nbconvert.preprocessors.ClearMetadataPreprocessor",
     "nbgrader.preprocessors.LimitOutput",
     "nbgrader.preprocessors.SaveAutoGrades",
     "nbgrader.preprocessors.AssignLatePenalties",

@@ -11,7 +11,10 @@ so every submission's kernel (and the ranks it launches) runs under bubblewrap:
   submissions folder) and a private /tmp; the only writable folder is its own;
 - no capabilities, and rlimits: address space per process (ZC_SANDBOX_MEM, bytes),
   processes of the user (ZC_SANDBOX_NPROC), CPU seconds per process (ZC_SANDBOX_CPU),
-  file size (ZC_SANDBOX_FSIZE).
+  file size (ZC_SANDBOX_FSIZE);
+- where the cgroup v1 pids controller is writable (ZC_SANDBOX_CGROUP, made by grade.py),
+  a cap on the processes and threads of the whole submission: RLIMIT_NPROC alone does
+  not stop a fork bomb run by root.
 
 The kernel talks to nbgrader over Unix sockets (transport=ipc) in its folder, since
 TCP on the host's loopback is out of reach from its network namespace.
@@ -33,7 +36,7 @@ def bwrap_command(argv_tail: list[str], env: dict) -> list[str]:
            "--tmpfs", "/tmp", "--tmpfs", "/dev/shm"]
     for path in filter(None, env.get("ZC_SANDBOX_HIDE", "").split(os.pathsep)):
         if os.path.isdir(path):
-            cmd += ["--tmpfs", path]
+            cmd += ["--tmpfs", path, "--remount-ro", path]     # an empty, read-only folder
         elif os.path.exists(path):
             cmd += ["--ro-bind", "/dev/null", path]
     cmd += ["--bind", work, work, "--chdir", work, "--setenv", "HOME", work,
@@ -64,6 +67,12 @@ def main() -> None:
         copy = os.path.join(os.environ["ZC_SANDBOX_WORK"], "connection.json")
         shutil.copyfile(args[i], copy)
         args[i] = copy
+    cgroup = os.environ.get("ZC_SANDBOX_CGROUP")
+    if cgroup:
+        # Join the submission's pids cgroup: it caps processes + threads of everything the
+        # kernel starts, root or not (RLIMIT_NPROC does not bind root).
+        with open(os.path.join(cgroup, "cgroup.procs"), "w") as f:
+            f.write(str(os.getpid()))
     tail = [sys.executable, "-m", "ipykernel_launcher", *args]
     cmd = bwrap_command(tail, dict(os.environ))
     os.execvp(cmd[0], cmd)
