@@ -15,6 +15,7 @@ help:
 	@echo "make test      set up .venv and run every test"
 	@echo "make release   regenerate notebooks/ from solutions/ (instructors)"
 	@echo "make grade SUBMISSIONS=dir OUT=dir   autograde <student>/<assignment>/<assignment>.ipynb"
+	@echo "make feedback OUT=dir               after manual grading: regenerate feedback and grades.csv"
 	@echo "make check NOTEBOOK=path.ipynb      run a notebook's tests before submitting"
 
 $(STAMP): requirements.txt pyproject.toml
@@ -56,6 +57,11 @@ check-release: setup
 grade: setup sandbox-tools
 	@test -n "$(SUBMISSIONS)" -a -n "$(OUT)" || { echo "usage: make grade SUBMISSIONS=dir OUT=dir"; exit 2; }
 	$(PY) autograder/grade.py "$(SUBMISSIONS)" "$(OUT)"
+
+# After reviewing manually graded cells in formgrader: new feedback and grades.csv.
+feedback: setup
+	@test -n "$(OUT)" || { echo "usage: make feedback OUT=dir (the folder make grade wrote)"; exit 2; }
+	$(PY) autograder/grade.py --refresh "$(OUT)"
 
 check: setup
 	@test -n "$(NOTEBOOK)" || { echo "usage: make check NOTEBOOK=my-notebooks/00_setup/00_setup.ipynb"; exit 2; }

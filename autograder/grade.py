@@ -257,8 +257,49 @@ def grade(submissions: str, out: str, timeout: float = 1200.0, sandbox: bool = T
     return rows
 
 
+def refresh(out: str) -> list[dict]:
+    """After manual grading in formgrader: regenerate feedback and grades.csv from the gradebook.
+
+    Rows of grades.csv that could not be graded (bad files, unknown ids) are kept as they were.
+    """
+    from nbgrader.api import Gradebook
+    out = os.path.abspath(out)
+    db_path = os.path.join(out, "gradebook.db")
+    if not os.path.exists(db_path):
+        raise SystemExit(f"{out} has no gradebook.db: run `make grade SUBMISSIONS=... OUT={out}` first")
+    env = {"ZEROCOURSE_NBGRADER_ROOT": out, "ZEROCOURSE_GRADEBOOK": "sqlite:///" + db_path}
+    old = {}
+    if os.path.exists(os.path.join(out, "grades.csv")):
+        with open(os.path.join(out, "grades.csv")) as f:
+            old = {(r["student_id"], r["assignment_id"]): r for r in csv.DictReader(f)}
+    with Gradebook("sqlite:///" + db_path) as gb:
+        graded = {(s.student.id, s.assignment.name): (float(s.score), float(s.max_score))
+                  for a in gb.assignments for s in a.submissions}
+    for aid in sorted({a for _, a in graded}):
+        proc = nbgrader("generate_feedback", aid, "--force", env=env, timeout=600)
+        with open(os.path.join(out, "logs", f"feedback-{aid}.log"), "w") as f:
+            f.write(proc.stdout + proc.stderr)
+    rows = []
+    for key in sorted(set(old) | set(graded)):
+        row = dict(old.get(key) or {"student_id": key[0], "assignment_id": key[1],
+                                    "status": "graded", "seconds": ""})
+        if key in graded:
+            row["score"], row["max_score"] = graded[key]
+        rows.append(row)
+    with open(os.path.join(out, "grades.csv"), "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=FIELDS)
+        writer.writeheader()
+        writer.writerows(rows)
+    return rows
+
+
 def main() -> int:
-    parser = argparse.ArgumentParser(description="Autograde SUBMISSIONS into OUT.")
+    if len(sys.argv) == 3 and sys.argv[1] == "--refresh":
+        rows = refresh(sys.argv[2])
+        print(f"feedback regenerated, grades.csv rewritten ({len(rows)} rows)")
+        return 0
+    parser = argparse.ArgumentParser(description="Autograde SUBMISSIONS into OUT "
+                                                 "(or: grade.py --refresh OUT after manual grading).")
     parser.add_argument("submissions")
     parser.add_argument("out")
     parser.add_argument("--timeout", type=float, default=1200.0,
