@@ -137,6 +137,8 @@ def sandbox_env(out: str, submissions: str, work: str) -> dict:
             "JUPYTER_RUNTIME_DIR": os.path.join(work, "runtime"),
             "ZC_SANDBOX_WORK": work,
             "ZC_SANDBOX_HIDE": os.pathsep.join(hide),
+            "ZC_SANDBOX_KEEP": os.pathsep.join(sorted({ROOT, sys.prefix, sys.base_prefix,
+                                                       os.path.realpath(sys.executable)})),
             # RLIMIT_NPROC counts all of this user's tasks: allow the ones running now + 200
             # (a 4-rank launch needs ~60 with their threads).
             "ZC_SANDBOX_NPROC": str(_user_tasks() + 200),

@@ -21,6 +21,8 @@ TCP on the host's loopback is out of reach from its network namespace.
 Configuration comes from the environment (set by autograder/grade.py):
     ZC_SANDBOX_WORK   the submission's writable folder (also the kernel's cwd and HOME)
     ZC_SANDBOX_HIDE   paths to hide, separated by os.pathsep
+    ZC_SANDBOX_KEEP   paths the kernel needs (the course, its Python), shown read-only even
+                      when they are under /tmp
 """
 from __future__ import annotations
 
@@ -29,12 +31,24 @@ import shutil
 import sys
 
 
+def _under(path: str, folder: str) -> bool:
+    path, folder = os.path.realpath(path), os.path.realpath(folder)
+    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
+
+
 def bwrap_command(argv_tail: list[str], env: dict) -> list[str]:
     """The bwrap + prlimit command that runs `argv_tail` sandboxed."""
     work = env["ZC_SANDBOX_WORK"]
     cmd = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
            "--tmpfs", "/tmp", "--tmpfs", "/dev/shm"]
+    # The course and its Python may live under /tmp (a CI clone): show them again, read-only.
+    keep = [p for p in env.get("ZC_SANDBOX_KEEP", "").split(os.pathsep) if p and os.path.exists(p)]
+    for path in keep:
+        if _under(path, "/tmp"):
+            cmd += ["--ro-bind", path, path]
     for path in filter(None, env.get("ZC_SANDBOX_HIDE", "").split(os.pathsep)):
+        if _under(path, "/tmp") and not any(_under(path, k) for k in keep):
+            continue                                   # the private /tmp hides it already
         if os.path.isdir(path):
             cmd += ["--tmpfs", path, "--remount-ro", path]     # an empty, read-only folder
         elif os.path.exists(path):

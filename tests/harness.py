@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import ast
 import os
-import re
 import traceback
 
 from tests.fixtures.make_submission import load, source, strip_markers
@@ -102,3 +101,14 @@ def score(aid: str, results: dict[str, str | None]) -> tuple[float, float]:
     pts = graded_cells(load("solutions", aid))
     return (sum(pts[g] for g, err in results.items() if err is None),
             sum(pts[g] for g in results))
+
+
+def assert_bug_caught(aid: str, edits, only, must_fail, must_pass=()) -> dict:
+    """Inject a bug fixture and check that it fails `must_fail`, spares `must_pass`, loses points."""
+    results = grade_cells(aid, edits=edits, only=only)
+    failed = {g for g, err in results.items() if err is not None}
+    assert set(must_fail) <= failed, (edits, results)
+    assert not set(must_pass) & failed, (edits, results)
+    earned, total = score(aid, results)
+    assert earned < total, (edits, results)
+    return results

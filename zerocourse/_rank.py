@@ -38,10 +38,12 @@ OUTPUT_LIMIT = int(os.environ.get("ZEROCOURSE_OUTPUT_LIMIT", 200_000))
 
 # Public torch.distributed calls whose entry is reported to the launcher, so a
 # deadlock report can say which collective each rank was stuck in.
-_WATCHED = ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter",
-            "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "reduce", "gather",
-            "scatter", "send", "recv", "isend", "irecv", "barrier", "all_gather_object",
-            "broadcast_object_list", "batch_isend_irecv")
+# (Not isend/irecv: torch's P2POp checks `op in [isend, irecv]` by identity, so a wrapped
+# isend would break batch_isend_irecv; batch_isend_irecv itself is watched.)
+_WATCHED = ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "all_gather_single",
+            "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single", "all_to_all",
+            "all_to_all_single", "reduce", "gather", "scatter", "send", "recv", "barrier",
+            "all_gather_object", "broadcast_object_list", "batch_isend_irecv")
 
 
 class _Channel:

@@ -1,0 +1,174 @@
+"""06_communication_bill: the graded cells pass on the solution, fail on the stubs, and catch the bugs.
+
+Bug fixtures run only the graded cells a bug can reach (`only=`), to keep the launches few.
+"""
+import pytest
+
+from tests.harness import grade_cells, score
+
+AID = "06_communication_bill"
+
+RING = ["ring-all-reduce-check", "ring-all-reduce-hidden"]
+BYTES = ["comm-bytes-check", "comm-bytes-hidden"]
+CLAIM = ["three-x-claim-check"]
+TOTAL = 12   # graded code cells; the written answer (2 points) is graded by hand
+
+
+def test_solution_gets_full_marks():
+    results = grade_cells(AID)
+    assert set(results) == set(RING + BYTES + CLAIM)
+    assert all(err is None for err in results.values()), results
+    assert score(AID, results) == (TOTAL, TOTAL)
+
+
+def test_every_graded_cell_fails_on_the_stubs():
+    results = grade_cells(AID, release=True)
+    assert set(results) == set(RING + BYTES + CLAIM)
+    assert all(err is not None for err in results.values()), results
+    assert score(AID, results)[0] == 0
+
+
+PASSES = "passes = {0: 2, 1: 2, 2: 2, 3: 3}[stage]"
+BUGS = {
+    # bug: (edits, cells to run, cells that must fail)
+    "N instead of N-1 in the ring factor": (
+        [("comm-bytes-per-rank", "(world_size - 1) / world_size", "world_size / world_size")],
+        BYTES, BYTES),
+    "ZeRO-3 counted as 2x DP": (
+        [("comm-bytes-per-rank", PASSES, "passes = {0: 2, 1: 2, 2: 2, 3: 4}[stage]")], BYTES, BYTES),
+    "ZeRO-3 counted as 3x DP": (
+        [("comm-bytes-per-rank", PASSES, "passes = {0: 2, 1: 2, 2: 2, 3: 6}[stage]")], BYTES, BYTES),
+    "ZeRO-1 counted as the all-reduce variant": (
+        [("comm-bytes-per-rank", PASSES, "passes = {0: 2, 1: 3, 2: 2, 3: 3}[stage]")],
+        BYTES, ["comm-bytes-hidden"]),
+    "ZeRO-2 counted as one pass": (
+        [("comm-bytes-per-rank", PASSES, "passes = {0: 2, 1: 2, 2: 1, 3: 3}[stage]")],
+        BYTES, ["comm-bytes-hidden"]),
+    "no ValueError for a bad stage": (
+        [("comm-bytes-per-rank", "if stage not in (0, 1, 2, 3):", "if False:"),
+         ("comm-bytes-per-rank", "[stage]", ".get(stage, 2)")], BYTES, ["comm-bytes-hidden"]),
+    "3x claim taken at face value": (
+        [("three-x-claim", "zero3_over_dp_bytes = 3 / 2", "zero3_over_dp_bytes = 3.0")], CLAIM, CLAIM),
+    "wrong chunk index (right only for N = 2)": (
+        [("ring-all-reduce", "recv_idx = (rank - k - 1) % world_size",
+          "recv_idx = (rank + k + 1) % world_size")], RING, RING),
+    "wrong neighbours (right only for N = 2)": (
+        [("ring-all-reduce", "right, left = (rank + 1) % world_size, (rank - 1) % world_size",
+          "right, left = (rank - 1) % world_size, (rank + 1) % world_size")], RING, RING),
+    "not in place": (
+        [("ring-all-reduce", "flat = tensor.view(-1)", "flat = tensor.reshape(-1).clone()")],
+        ["ring-all-reduce-hidden"], ["ring-all-reduce-hidden"]),
+}
+
+COLLECTIVE_RING = '''
+def ring_all_reduce(tensor):
+    dist.all_reduce(tensor)
+'''
+NAIVE_RING = '''
+def ring_all_reduce(tensor):
+    # correct sums, but sends the whole tensor to every other rank: (N-1)·S per rank
+    world_size, rank = dist.get_world_size(), dist.get_rank()
+    total = tensor.clone()
+    for other in range(world_size):
+        if other == rank:
+            continue
+        buf = torch.empty_like(tensor)
+        reqs = [dist.isend(tensor, other), dist.irecv(buf, other)]
+        for r in reqs:
+            r.wait()
+        total += buf
+    tensor.copy_(total)
+'''
+
+
+@pytest.mark.parametrize("bug", list(BUGS) + ["uses dist.all_reduce", "naive all-to-all exchange"])
+def test_bug_is_caught(bug):
+    if bug == "uses dist.all_reduce":
+        edits, solutions, only, must_fail = [], {"ring-all-reduce": COLLECTIVE_RING}, ["ring-all-reduce-hidden"], ["ring-all-reduce-hidden"]
+    elif bug == "naive all-to-all exchange":
+        edits, solutions, only, must_fail = [], {"ring-all-reduce": NAIVE_RING}, ["ring-all-reduce-hidden"], ["ring-all-reduce-hidden"]
+    else:
+        (edits, only, must_fail), solutions = BUGS[bug], None
+    results = grade_cells(AID, edits=edits, solutions=solutions, only=only)
+    failed = {g for g, err in results.items() if err is not None}
+    assert set(must_fail) <= failed, (bug, results)
+    earned, total = score(AID, results)
+    assert earned < total
+
+
+EVEN_ODD_RING = '''
+def ring_all_reduce(tensor):
+    n, r = dist.get_world_size(), dist.get_rank()
+    if n == 1:
+        return
+    flat = tensor.view(-1)
+    numel = flat.numel()
+    bounds = [(i * numel // n, (i + 1) * numel // n) for i in range(n)]   # manual bounds
+    chunk = lambda i: flat[bounds[i % n][0]:bounds[i % n][1]]
+    def step(send_i, recv_i, add):
+        out, into = chunk(send_i), chunk(recv_i)
+        buf = torch.empty_like(into)
+        def send():
+            if out.numel():
+                dist.send(out.clone(), (r + 1) % n)
+        def recv():
+            if buf.numel():
+                dist.recv(buf, (r - 1) % n)
+        if r % 2 == 0:
+            send(); recv()
+        else:
+            recv(); send()
+        if add:
+            into += buf
+        else:
+            into.copy_(buf)
+    for k in range(n - 1):
+        step(r - k, r - k - 1, True)
+    for k in range(n - 1):
+        step(r - k + 1, r - k, False)
+'''
+BATCH_RING = '''
+def ring_all_reduce(tensor):
+    n, r = dist.get_world_size(), dist.get_rank()
+    chunks = torch.tensor_split(tensor.view(-1), n)
+    right, left = (r + 1) % n, (r - 1) % n
+    for phase in ("reduce", "gather"):
+        for k in range(n - 1):
+            s = (r - k) % n if phase == "reduce" else (r - k + 1) % n
+            d = (s - 1) % n
+            buf = torch.empty_like(chunks[d])
+            ops = []
+            if chunks[s].numel():
+                ops.append(dist.P2POp(dist.isend, chunks[s], right))
+            if buf.numel():
+                ops.append(dist.P2POp(dist.irecv, buf, left))
+            if ops:
+                for req in dist.batch_isend_irecv(ops):
+                    req.wait()
+            if phase == "reduce":
+                chunks[d].add_(buf)
+            else:
+                chunks[d].copy_(buf)
+'''
+FRACTION_BYTES = '''
+from fractions import Fraction
+def comm_bytes_per_rank(stage, num_params, world_size, bytes_per_element=2):
+    if stage not in range(4) or world_size < 1 or num_params < 0:
+        raise ValueError("bad arguments")
+    passes = 3 if stage == 3 else 2          # all-reduce = reduce-scatter + all-gather
+    return float(Fraction(passes * num_params * bytes_per_element * (world_size - 1), world_size))
+'''
+VALID = {
+    "blocking send/recv, even/odd order, manual bounds": ({"ring-all-reduce": EVEN_ODD_RING}, RING),
+    "batch_isend_irecv": ({"ring-all-reduce": BATCH_RING}, ["ring-all-reduce-hidden"]),
+    "exact fractions; 3/2 written as 1.5": (
+        {"comm-bytes-per-rank": FRACTION_BYTES,
+         "three-x-claim": "zero3_over_dp_passes = 3\nzero3_over_dp_bytes = 1.5\n"}, BYTES + CLAIM),
+}
+
+
+@pytest.mark.parametrize("alt", list(VALID))
+def test_valid_alternative_gets_full_marks(alt):
+    solutions, only = VALID[alt]
+    results = grade_cells(AID, solutions=solutions, only=only)
+    assert all(err is None for err in results.values()), (alt, results)
