@@ -22,14 +22,19 @@ from autograder.nbgrader_run import ROOT, assignments, nbgrader  # noqa: E402
 
 def generate(out_dir: str, db_url: str | None = None, only: list[str] | None = None) -> None:
     """Generate the release notebooks (all, or `only` these ids) into out_dir/<id>/."""
-    for aid in only or assignments():
-        args = ["generate_assignment", aid, "--force",
+    ids = only or assignments()
+    # One nbgrader run for all of them ("*" is a glob over solutions/): ~9 s instead of ~6 s each.
+    for pattern in (["*"] if set(ids) == set(assignments()) else ids):
+        args = ["generate_assignment", pattern, "--force",
                 f"--CourseDirectory.release_directory={out_dir}"]
         if db_url:
             args.append(f"--CourseDirectory.db_url={db_url}")
-        proc = nbgrader(*args, timeout=300)
-        if proc.returncode != 0 or not os.path.exists(os.path.join(out_dir, aid, f"{aid}.ipynb")):
-            sys.exit(f"nbgrader generate_assignment {aid} failed:\n{proc.stdout}\n{proc.stderr}")
+        proc = nbgrader(*args, timeout=600)
+        missing = [a for a in ids if (pattern in ("*", a)) and
+                   not os.path.exists(os.path.join(out_dir, a, f"{a}.ipynb"))]
+        if proc.returncode != 0 or missing:
+            sys.exit(f"nbgrader generate_assignment {pattern} failed for {missing}:\n"
+                     f"{proc.stdout}\n{proc.stderr}")
 
 
 def main() -> int:

@@ -212,8 +212,7 @@ def test_sandbox_held(graded):
     """The probe could read no secret, write nothing outside its folder, and had no network."""
     _, out, _, _, _ = graded
     nb = json.loads((out / "autograded" / "sandbox-probe" / AID / f"{AID}.ipynb").read_text())
-    text = "".join(o.get("text", "") for c in nb["cells"] for o in c.get("outputs", [])
-                   if isinstance(o.get("text", ""), str))
+    text = "".join("".join(o.get("text", "")) for c in nb["cells"] for o in c.get("outputs", []))
     report = json.loads(re.search(r"SANDBOX-REPORT (\{.*\})", text).group(1))
     assert report == {"read": [], "wrote": [], "net": ["lo"]}
     assert not os.path.exists(os.path.join(ROOT, "zerocourse", "evil.py"))

@@ -1,13 +1,25 @@
 """Benchmarks (`make bench`): figures printed, and written to bench/results.json.
 
-Not a timed test: it measures and reports. Today it measures the launcher:
-median launch + teardown of a trivial all-reduce on 2 and 4 ranks, for
-zerocourse.launch (ranks forked from a fork server) and torchrun, in the same run.
+Not a timed test: it measures and reports, in one run:
+1. the launcher: median launch + teardown of a trivial all-reduce on 2 and 4 ranks, for
+   zerocourse.launch (ranks forked from a fork server) and torchrun;
+2. every stage, the course's reference implementation (loaded from solutions/ with the
+   notebook loader) against torch's own on the same TinyGPT, data and N (2 and 4 gloo
+   ranks): DP vs DistributedDataParallel, ZeRO-1 vs ZeroRedundancyOptimizer, ZeRO-2 vs FSDP
+   SHARD_GRAD_OP, ZeRO-3 vs FSDP2 fully_shard. Step times are fp32 (torch's wrappers all
+   run it); bytes held and sent are measured on our implementations in bf16 + fp32-master
+   Adam, the setting of the paper's formulas.
 
 results.json schema:
-    {"launcher": {"<N>": {"zerocourse_s": median, "torchrun_s": median,
-                          "ratio": zerocourse_s / torchrun_s, "repeats": k}},
-     "machine": {"cpus": int, "torch": str}}
+    {"machine": {"cpus": int, "torch": str},
+     "launcher": {"<N>": {"zerocourse_s", "torchrun_s", "ratio", "repeats"}},
+     "stages": {"<N>": {"<stage 0-3>": {
+         "ours": str, "torch": str,                # what ran
+         "ours_step_s", "torch_step_s", "ratio",   # median step time, ours / torch's
+         "bytes_per_rank", "bytes_formula",        # model-state bytes on rank 0 (bf16) between
+                                                   # steps (grads freed), and the formula for it
+         "sent_per_rank", "sent_formula"}}},       # ring bytes rank 0 sends per step, formula
+     "params": int}                                # Ψ of the benchmark model
 """
 from __future__ import annotations
 
@@ -68,12 +80,127 @@ def bench_launcher(world_sizes=(2, 4), repeats: int = 7, torchrun_repeats: int =
     return out
 
 
+STAGE_NOTEBOOKS = {0: ("02_data_parallelism", ["dp_train_step", "broadcast_parameters"]),
+                   1: ("03_zero1", ["ZeRO1Adam"]), 2: ("04_zero2", ["ZeRO2Adam"]),
+                   3: ("05_zero3", ["ZeRO3Module", "ZeRO3Adam"])}
+TORCH_EQUIVALENT = {0: "DistributedDataParallel", 1: "ZeroRedundancyOptimizer",
+                    2: "FSDP SHARD_GRAD_OP", 3: "FSDP2 fully_shard"}
+
+
+def _setup(rank, world_size, stage, nb, dtype, ours: bool):
+    """Model, a step function and the objects holding model state, for one stage."""
+    from zerocourse.models import GPTConfig, TinyGPT, lm_loss, make_toy_batch
+    from zerocourse.optim import MixedPrecisionAdam
+    torch.manual_seed(0)
+    model = TinyGPT(GPTConfig(vocab_size=64, block_size=64, n_layer=2, n_head=4, n_embd=64,
+                              bias=False)).to(dtype)
+    x, y = make_toy_batch(16, 64, 64, seed=1)                 # the global batch
+    k = len(x) // world_size
+    xs, ys = x[rank * k:(rank + 1) * k], y[rank * k:(rank + 1) * k]
+    adam = MixedPrecisionAdam if dtype == torch.bfloat16 else torch.optim.Adam
+    if ours:
+        if stage == 0:
+            nb.broadcast_parameters(model)
+            opt = adam(model.parameters(), lr=1e-3)
+            return (lambda: nb.dp_train_step(model, opt, x, y, lm_loss)), model, opt
+        if stage == 3:
+            model = nb.ZeRO3Module(model)
+            opt = nb.ZeRO3Adam(model, lr=1e-3)
+        else:
+            opt = (nb.ZeRO1Adam if stage == 1 else nb.ZeRO2Adam)(model.parameters(), lr=1e-3)
+    else:
+        if stage == 0:
+            model = torch.nn.parallel.DistributedDataParallel(model)
+            opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+        elif stage == 1:
+            from torch.distributed.optim import ZeroRedundancyOptimizer
+            opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.Adam, lr=1e-3)
+        elif stage == 2:
+            from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
+            model = FullyShardedDataParallel(model, sharding_strategy=ShardingStrategy.SHARD_GRAD_OP,
+                                             device_id=torch.device("cpu"))
+            opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+        else:
+            from torch.distributed.device_mesh import init_device_mesh
+            from torch.distributed.fsdp import fully_shard
+            mesh = init_device_mesh("cpu", (world_size,))
+            for block in model.h:
+                fully_shard(block, mesh=mesh)
+            fully_shard(model, mesh=mesh)
+            opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+
+    def step():
+        lm_loss(model(xs), ys).backward()
+        opt.step()
+        opt.zero_grad()
+    return step, model, opt
+
+
+def _stage_job(rank, world_size, stage, nb, steps):
+    """Median step times (ours, torch's; fp32) and ours' bytes held and sent (bf16)."""
+    from zerocourse.comm import CommTracer
+    from zerocourse.memory import model_state_bytes
+    out = {}
+    for ours in (True, False):
+        step, _, _ = _setup(rank, world_size, stage, nb, torch.float32, ours)
+        step()                                            # warm-up (allocations, lazy init)
+        times = []
+        for _ in range(steps):
+            t0 = time.perf_counter()
+            step()
+            times.append(time.perf_counter() - t0)
+        out["ours_step_s" if ours else "torch_step_s"] = statistics.median(times)
+    step, model, opt = _setup(rank, world_size, stage, nb, torch.bfloat16, True)
+    step()
+    with CommTracer() as tracer:
+        step()
+    out["sent_per_rank"] = tracer.sent_bytes
+    out["bytes_per_rank"] = model_state_bytes(model, opt)["total"]
+    return out
+
+
+def bench_stages(world_sizes=(2, 4), steps: int = 5) -> tuple[dict, int]:
+    """Reference implementations vs torch's, per stage and N (see the module docstring)."""
+    from zerocourse.loader import load_notebook
+    from zerocourse.models import GPTConfig, TinyGPT
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    psi = sum(p.numel() for p in TinyGPT(GPTConfig(vocab_size=64, block_size=64, n_layer=2,
+                                                   n_head=4, n_embd=64, bias=False)).parameters())
+    out = {}
+    for n in world_sizes:
+        out[str(n)] = {}
+        f = (n - 1) / n
+        for stage, (aid, names) in STAGE_NOTEBOOKS.items():
+            nb = load_notebook(os.path.join(root, "solutions", aid, f"{aid}.ipynb"), names=names)
+            r = launch(_stage_job, n, stage, nb, steps, timeout=600)[0]
+            r.update(ours=f"{aid} reference", torch=TORCH_EQUIVALENT[stage],
+                     ratio=r["ours_step_s"] / r["torch_step_s"],
+                     # Measured between steps, after zero_grad(set_to_none): full gradients are
+                     # gone, so the formulas of notebook 01 lose their gradient term, except
+                     # ZeRO-2's reference, which keeps its bf16 gradient shard.
+                     bytes_formula=[14 * psi, 2 * psi + 12 * psi / n, 2 * psi + 14 * psi / n,
+                                    14 * psi / n][stage],
+                     sent_formula=(3 if stage == 3 else 2) * psi * f * 2)
+            out[str(n)][str(stage)] = r
+    return out, psi
+
+
 def main() -> int:
     results = {"machine": {"cpus": os.cpu_count(), "torch": torch.__version__},
                "launcher": bench_launcher()}
+    results["stages"], results["params"] = bench_stages()
     print(f"{'ranks':>5} {'zerocourse.launch':>18} {'torchrun':>10} {'ratio':>7}")
     for n, r in results["launcher"].items():
         print(f"{n:>5} {r['zerocourse_s']:>17.3f}s {r['torchrun_s']:>9.2f}s {r['ratio']:>7.3f}")
+    print(f"\nstages (TinyGPT, {results['params']} params; times fp32, bytes bf16 + fp32 Adam)")
+    print(f"{'N':>2} {'stage':>5} {'torch equivalent':>24} {'ours ms':>8} {'torch ms':>9} {'ratio':>6} "
+          f"{'held kB':>8} {'formula':>8} {'sent kB':>8} {'formula':>8}")
+    for n, stages in results["stages"].items():
+        for st, r in stages.items():
+            print(f"{n:>2} {st:>5} {r['torch']:>24} {1e3 * r['ours_step_s']:>8.1f} "
+                  f"{1e3 * r['torch_step_s']:>9.1f} {r['ratio']:>6.2f} {r['bytes_per_rank'] / 1e3:>8.1f} "
+                  f"{r['bytes_formula'] / 1e3:>8.1f} {r['sent_per_rank'] / 1e3:>8.1f} "
+                  f"{r['sent_formula'] / 1e3:>8.1f}")
     os.makedirs("bench", exist_ok=True)
     with open(os.path.join("bench", "results.json"), "w") as f:
         json.dump(results, f, indent=2)
