@@ -112,3 +112,31 @@ def assert_bug_caught(aid: str, edits, only, must_fail, must_pass=()) -> dict:
     earned, total = score(aid, results)
     assert earned < total, (edits, results)
     return results
+
+
+def assert_full_marks(aid: str, total: float | None = None, cells: list[str] | None = None,
+                      **fixture) -> dict:
+    """Every graded cell run passes (the solution, or a valid alternative given as `fixture`:
+    solutions=, edits=, only=); with `total`, the score is (total, total), else full and > 0;
+    with `cells`, exactly those graded cells ran."""
+    results = grade_cells(aid, **fixture)
+    if cells is not None:
+        assert set(results) == set(cells), results
+    assert all(err is None for err in results.values()), results
+    earned, possible = score(aid, results)
+    if total is not None:
+        assert (earned, possible) == (total, total), results
+    else:
+        assert earned == possible > 0, results
+    return results
+
+
+def assert_stubs_fail(aid: str, cells: list[str] | None = None, total: float | None = None) -> dict:
+    """Every graded cell fails on the learner's release copy (the stubs): the score is 0."""
+    results = grade_cells(aid, release=True)
+    if cells is not None:
+        assert set(results) == set(cells), results
+    assert all(err is not None for err in results.values()), results
+    earned, possible = score(aid, results)
+    assert earned == 0 and (total is None or possible == total), results
+    return results

@@ -1,20 +1,17 @@
 """00_setup: the graded cells pass on the solution, fail on the stubs, and catch the bugs."""
 import pytest
 
-from tests.harness import grade_cells, score
+from tests.harness import grade_cells, assert_bug_caught, assert_full_marks, assert_stubs_fail
 
 AID = "00_setup"
 
 
 def test_solution_gets_full_marks():
-    results = grade_cells(AID)
-    assert all(err is None for err in results.values()), results
-    assert score(AID, results) == (7, 7)
+    assert_full_marks(AID, 7)
 
 
 def test_every_graded_cell_fails_on_the_stubs():
-    results = grade_cells(AID, release=True)
-    assert all(err is not None for err in results.values()), results
+    assert_stubs_fail(AID)
 
 
 BUGS = {
@@ -39,11 +36,7 @@ BUGS = {
 @pytest.mark.parametrize("bug", list(BUGS))
 def test_bug_is_caught(bug):
     edits, must_fail = BUGS[bug]
-    results = grade_cells(AID, edits=edits)
-    failed = {g for g, err in results.items() if err is not None}
-    assert set(must_fail) <= failed, (bug, results)
-    earned, total = score(AID, results)
-    assert earned < total
+    assert_bug_caught(AID, edits, None, must_fail)
 
 
 VALID = {

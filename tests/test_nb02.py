@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from tests.harness import grade_cells, score, assert_bug_caught
+from tests.harness import grade_cells, score, assert_bug_caught, assert_full_marks, assert_stubs_fail
 
 AID = "02_data_parallelism"
 
@@ -18,17 +18,11 @@ TOTAL = 15
 
 
 def test_solution_gets_full_marks():
-    results = grade_cells(AID)
-    assert set(results) == set(SHARD + BCAST + AVG + STEP)
-    assert all(err is None for err in results.values()), results
-    assert score(AID, results) == (TOTAL, TOTAL)
+    assert_full_marks(AID, TOTAL, cells=SHARD + BCAST + AVG + STEP)
 
 
 def test_every_graded_cell_fails_on_the_stubs():
-    results = grade_cells(AID, release=True)
-    assert set(results) == set(SHARD + BCAST + AVG + STEP)
-    assert all(err is not None for err in results.values()), results
-    assert score(AID, results) == (0, TOTAL)
+    assert_stubs_fail(AID, cells=SHARD + BCAST + AVG + STEP, total=TOTAL)
 
 
 AVG_LOOP = "for p in model.parameters():\n        if p.grad is not None:"
@@ -149,7 +143,4 @@ VALID = {
 @pytest.mark.parametrize("alt", list(VALID))
 def test_valid_alternatives_get_full_marks(alt):
     solutions, only = VALID[alt]
-    results = grade_cells(AID, solutions=solutions, only=only)
-    assert all(err is None for err in results.values()), results
-    earned, total = score(AID, results)
-    assert earned == total > 0
+    assert_full_marks(AID, solutions=solutions, only=only)

@@ -4,7 +4,7 @@ Bug fixtures run only the graded cells a bug can reach (`only=`), to keep the la
 """
 import pytest
 
-from tests.harness import grade_cells, score, assert_bug_caught
+from tests.harness import assert_bug_caught, assert_full_marks, assert_stubs_fail
 
 AID = "03_zero1"
 
@@ -15,17 +15,11 @@ TOTAL = 14
 
 
 def test_solution_gets_full_marks():
-    results = grade_cells(AID)
-    assert set(results) == set(BOUNDS + ADAM + MEM)
-    assert all(err is None for err in results.values()), results
-    assert score(AID, results) == (TOTAL, TOTAL)
+    assert_full_marks(AID, TOTAL, cells=BOUNDS + ADAM + MEM)
 
 
 def test_every_graded_cell_fails_on_the_stubs():
-    results = grade_cells(AID, release=True)
-    assert set(results) == set(BOUNDS + ADAM + MEM)
-    assert all(err is not None for err in results.values()), results
-    assert score(AID, results) == (0, TOTAL)
+    assert_stubs_fail(AID, cells=BOUNDS + ADAM + MEM, total=TOTAL)
 
 
 SB = "zero1-shard-bounds"
@@ -206,7 +200,4 @@ VALID = {
 @pytest.mark.parametrize("alt", list(VALID))
 def test_valid_alternatives_get_full_marks(alt):
     solutions, only = VALID[alt]
-    results = grade_cells(AID, solutions=solutions, only=only)
-    assert all(err is None for err in results.values()), results
-    earned, total = score(AID, results)
-    assert earned == total > 0
+    assert_full_marks(AID, solutions=solutions, only=only)

@@ -5,7 +5,7 @@ must break (`only=`), to keep the launches few.
 """
 import pytest
 
-from tests.harness import grade_cells, score
+from tests.harness import grade_cells, score, assert_full_marks, assert_stubs_fail
 
 AID = "05_zero3"
 MOD, ADAM = "zero3-module", "zero3-adam"
@@ -15,17 +15,11 @@ TOTAL = 17
 
 
 def test_solution_gets_full_marks():
-    results = grade_cells(AID)
-    assert set(results) == set(ALL)
-    assert all(err is None for err in results.values()), results
-    assert score(AID, results) == (TOTAL, TOTAL)
+    assert_full_marks(AID, TOTAL, cells=ALL)
 
 
 def test_every_graded_cell_fails_on_the_stubs():
-    results = grade_cells(AID, release=True)
-    assert set(results) == set(ALL)
-    assert all(err is not None for err in results.values()), results
-    assert score(AID, results) == (0, TOTAL)
+    assert_stubs_fail(AID, cells=ALL, total=TOTAL)
 
 
 RS = ("dist.reduce_scatter_single(shard_grad, flat_grad, op=dist.ReduceOp.SUM)\n"
@@ -123,7 +117,4 @@ def test_bug_is_caught_in_the_data_swap_variant(bug):
 
 @pytest.mark.parametrize("alt", list(VALID))
 def test_valid_alternatives_get_full_marks(alt):
-    results = grade_cells(AID, edits=VALID[alt])
-    assert all(err is None for err in results.values()), (alt, results)
-    earned, total = score(AID, results)
-    assert earned == total == TOTAL
+    assert_full_marks(AID, TOTAL, edits=VALID[alt])

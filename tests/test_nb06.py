@@ -4,7 +4,7 @@ Bug fixtures run only the graded cells a bug can reach (`only=`), to keep the la
 """
 import pytest
 
-from tests.harness import grade_cells, score
+from tests.harness import grade_cells, score, assert_full_marks, assert_stubs_fail
 
 AID = "06_communication_bill"
 
@@ -15,17 +15,11 @@ TOTAL = 12   # graded code cells; the written answer (2 points) is graded by han
 
 
 def test_solution_gets_full_marks():
-    results = grade_cells(AID)
-    assert set(results) == set(RING + BYTES + CLAIM)
-    assert all(err is None for err in results.values()), results
-    assert score(AID, results) == (TOTAL, TOTAL)
+    assert_full_marks(AID, TOTAL, cells=RING + BYTES + CLAIM)
 
 
 def test_every_graded_cell_fails_on_the_stubs():
-    results = grade_cells(AID, release=True)
-    assert set(results) == set(RING + BYTES + CLAIM)
-    assert all(err is not None for err in results.values()), results
-    assert score(AID, results)[0] == 0
+    assert_stubs_fail(AID, cells=RING + BYTES + CLAIM)
 
 
 PASSES = "passes = {0: 2, 1: 2, 2: 2, 3: 3}[stage]"

@@ -1,21 +1,18 @@
 """07_capstone: the auto-graded self-test passes on the solution, fails on the stubs and wrong answers."""
 import pytest
 
-from tests.harness import grade_cells, score
+from tests.harness import assert_bug_caught, assert_full_marks, assert_stubs_fail
 
 AID = "07_capstone"
 AUTO = 5  # auto-graded points (Q1 3 + Q2 1 + Q3 1); the Feynman answer (4) is graded by hand
 
 
 def test_solution_gets_full_marks():
-    results = grade_cells(AID)
-    assert all(err is None for err in results.values()), results
-    assert score(AID, results)[0] == AUTO
+    assert_full_marks(AID, AUTO)
 
 
 def test_every_graded_cell_fails_on_the_stubs():
-    results = grade_cells(AID, release=True)
-    assert all(err is not None for err in results.values()), results
+    assert_stubs_fail(AID)
 
 
 WRONG = {
@@ -33,7 +30,4 @@ WRONG = {
 @pytest.mark.parametrize("bug", list(WRONG))
 def test_wrong_answer_is_caught(bug):
     edits, must_fail = WRONG[bug]
-    results = grade_cells(AID, edits=edits)
-    failed = {g for g, err in results.items() if err is not None}
-    assert set(must_fail) <= failed, (bug, results)
-    assert score(AID, results)[0] < AUTO
+    assert_bug_caught(AID, edits, None, must_fail)
