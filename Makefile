@@ -8,11 +8,12 @@ STAMP  := $(VENV)/.zerocourse-installed
 WORKDIR ?= my-notebooks
 LAB_ARGS ?=
 
-.PHONY: help setup sandbox-tools lab test test-fast release check-release grade feedback check bench clean-venv
+.PHONY: help setup sandbox-tools lab test test-browser screenshots release check-release grade feedback check bench clean-venv
 
 help:
 	@echo "make lab       set up .venv and open the course in JupyterLab (your copies: $(WORKDIR)/)"
 	@echo "make test      set up .venv and run every test"
+	@echo "make test-browser   only the browser test (JupyterLab + Notebook 7 in headless Chromium)"
 	@echo "make release   regenerate notebooks/ from solutions/ (instructors)"
 	@echo "make grade SUBMISSIONS=dir OUT=dir   autograde <student>/<assignment>/<assignment>.ipynb"
 	@echo "make feedback OUT=dir               after manual grading: regenerate feedback and grades.csv"
@@ -47,6 +48,16 @@ lab: setup
 
 test: setup sandbox-tools
 	$(PY) -m pytest tests
+
+# The notebooks in JupyterLab and Notebook 7, driven in headless Chromium (part of `make test`;
+# it installs Debian's chromium + chromium-driver itself when it can, and skips saying why if not).
+test-browser: setup
+	$(PY) -m pytest tests/test_browser.py
+
+# Refresh the README's screenshots from a browser run.
+screenshots: test-browser
+	cp artifacts/browser/environment_check.png artifacts/browser/memory_calculator.png \
+	   artifacts/browser/zero3_timeline.png docs/screenshots/
 
 release: setup
 	$(PY) autograder/release.py

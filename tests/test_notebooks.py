@@ -12,6 +12,7 @@ import pytest
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError, CellTimeoutError
 
+from tests import figure_audit
 from tests.proc_util import descendants
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -51,15 +52,37 @@ def test_release_is_fresh():
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
+# The capstone's live curve: how often it was drawn while the ranks trained.
+_LIVE_CELL = "print('LIVE=' + repr({k: len(v[0]) for k, v in curve.data.items()}), curve.draws)"
+
+
 @pytest.mark.parametrize("aid", AIDS)
 def test_solution_runs_top_to_bottom(aid):
+    """Runs in under 2 minutes; every figure has a title, axis labels, a legend and rank colours."""
     nb = nbformat.read(os.path.join(ROOT, "solutions", aid, f"{aid}.ipynb"), as_version=4)
+    n = len(nb.cells)
+    nb.cells.insert(0, nbformat.v4.new_code_cell(figure_audit.AUDIT_CELL))
+    nb.cells.append(nbformat.v4.new_code_cell(figure_audit.REPORT_CELL))
+    if aid == "07_capstone":
+        nb.cells.append(nbformat.v4.new_code_cell(_LIVE_CELL))
     t0 = time.monotonic()
     NotebookClient(nb, timeout=150, kernel_name="python3",
                    resources={"metadata": {"path": os.path.join(ROOT, "solutions", aid)}}).execute()
     took = time.monotonic() - t0
     print(f"{aid}: executed in {took:.1f} s")
     assert took < 120, f"{aid} took {took:.0f} s; the course promises about a minute"
+    report = figure_audit.parse("".join(o.get("text", "") for o in nb.cells[n + 1].outputs))
+    assert report, f"{aid} drew no figure"
+    assert figure_audit.problems(report) == []
+    if aid == "07_capstone":
+        # Both runs drew live (more redraws than series) and reported every step.
+        text = "".join(o.get("text", "") for o in nb.cells[-1].outputs)
+        counts, draws = text.split("LIVE=")[1].rsplit(" ", 1)
+        assert set(eval(counts).values()) == {150}, counts
+        assert int(draws) > 4, f"the loss curve was drawn {draws} times: not live"
+        train = next(c for c in nb.cells if "on_report=curve.series(f\"ZeRO stage" in c.source)
+        assert any("application/vnd.jupyter.widget-view+json" in o.get("data", {})
+                   for o in train.outputs), "no tqdm widget in the training cell"
     if aid == "00_setup":
         # Rank output lands in the cell that launched the ranks, prefixed with the rank.
         cell = next(c for c in nb.cells if "launch(hello, 2)" in c.source)

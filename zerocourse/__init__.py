@@ -5,6 +5,7 @@ The package gives learners a way to run code on N ranks from a notebook
 `memory`). It never contains the answer to a graded exercise.
 """
 from zerocourse.launch import launch
+from zerocourse.progress import report
 
-__all__ = ["launch"]
+__all__ = ["launch", "report"]
 __version__ = "0.1.0"

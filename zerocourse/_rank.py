@@ -9,6 +9,7 @@ A rank talks to the launcher over one pipe (a multiprocessing Connection).
 Messages are tuples:
     ("out", stream, bytes)   captured stdout/stderr (fd level, so C++ prints too)
     ("enter", text)          a torch.distributed call this rank just entered
+    ("report", dict)         zerocourse.report(...) values, for launch(on_report=...)
     ("error", info_dict)     fn raised; info has type, message, traceback text
     ("result", bytes)        cloudpickled return value of fn
 """
@@ -44,6 +45,11 @@ _WATCHED = ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "
             "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single", "all_to_all",
             "all_to_all_single", "reduce", "gather", "scatter", "send", "recv", "barrier",
             "all_gather_object", "broadcast_object_list", "batch_isend_irecv")
+
+
+# This process's channel to the launcher while it runs as a rank (None elsewhere);
+# zerocourse.progress.report sends through it.
+_CHANNEL = None
 
 
 class _Channel:
@@ -198,7 +204,8 @@ def rank_main(spec: dict, rank: int, conn) -> None:
     """
     os.setpgid(0, 0)           # own process group: the launcher kills rank + any children at once
     _die_with_the_launcher()
-    chan = _Channel(conn)
+    global _CHANNEL
+    chan = _CHANNEL = _Channel(conn)
     out_thread = _capture_output(chan)
     stack_file = open(os.path.join(spec["tmpdir"], f"stack-{rank}.txt"), "w")
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)

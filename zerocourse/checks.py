@@ -27,6 +27,17 @@ def _fail(what: str, detail: str, rank: int | None, hint: str) -> None:
     raise AssertionError(msg)
 
 
+def check_answered(name: str, namespace: dict) -> None:
+    """The learner assigned the self-test answer `name` (in `namespace`, a cell's globals()).
+
+    While the answer cell still holds its stub, the name does not exist: say so as the stub
+    itself does (NotImplementedError), not as a NameError that looks like a bug in the test.
+    """
+    if name not in namespace:
+        raise NotImplementedError(f"{name} is not assigned yet: in the cell above, replace "
+                                  f"`raise NotImplementedError()` with `{name} = ...` and run it")
+
+
 def check_true(condition, what: str, detail: str = "", rank: int | None = None, hint: str = "") -> None:
     """Fail with `what` and `detail` unless condition holds."""
     if not condition:

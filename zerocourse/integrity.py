@@ -23,7 +23,8 @@ _BUILTINS = ("print", "isinstance", "issubclass", "len", "abs", "max", "min", "s
              "open", "exec", "eval", "compile", "__import__", "getattr", "setattr", "hasattr",
              "range", "zip", "enumerate", "sorted", "repr", "round", "iter", "next")
 _GUARDED_NAMES = [("zerocourse.checks", n) for n in ("passed", "check_true", "check_equal",
-                                                     "check_type", "check_close", "check_raises")] + \
+                                                     "check_type", "check_close", "check_raises",
+                                                     "check_answered")] + \
                  [("zerocourse.launch", "launch"), ("zerocourse.comm", "CommTracer")]
 _fresh_cache: dict[str, dict[str, bytes]] = {}
 

@@ -221,8 +221,9 @@ def pick_backend(backend: str, world_size: int) -> str:
 class _Rank:
     """The launcher's view of one rank."""
 
-    def __init__(self, rank: int, proc, conn):
+    def __init__(self, rank: int, proc, conn, on_report=None):
         self.rank, self.proc, self.conn = rank, proc, conn
+        self.on_report = on_report
         self.result = None
         self.has_result = False
         self.error: dict | None = None     # from an ("error", info) message
@@ -277,6 +278,9 @@ def _drain(r: _Rank) -> None:
             _emit(r, msg[1], msg[2].decode("utf-8", "replace"))
         elif kind == "enter":
             r.last_call = msg[1]
+        elif kind == "report":
+            if r.on_report is not None:       # runs in the kernel: draws progress, curves
+                r.on_report(r.rank, cloudpickle.loads(msg[1]))
         elif kind == "result":
             r.result, r.has_result = msg[1], True
         elif kind == "error":
@@ -491,7 +495,7 @@ def _raise_timeout(ranks, timeout, tmpdir, sources, cell_names) -> None:
 # the entry point
 # --------------------------------------------------------------------------
 def launch(fn, world_size: int, *args, backend: str = "auto", timeout: float | None = None,
-           collective_timeout: float | None = None, **kwargs) -> list:
+           collective_timeout: float | None = None, on_report=None, **kwargs) -> list:
     """Run `fn(rank, world_size, *args, **kwargs)` on `world_size` ranks; return results in rank order.
 
     Each rank is a fresh process with a torch.distributed process group already
@@ -505,6 +509,8 @@ def launch(fn, world_size: int, *args, backend: str = "auto", timeout: float | N
         timeout: seconds for the whole launch (default ZEROCOURSE_TIMEOUT or 60).
         collective_timeout: seconds a collective waits for its peers before failing
             (default ZEROCOURSE_COLLECTIVE_TIMEOUT or 20, capped at timeout / 2).
+        on_report: called as on_report(rank, values) in the notebook, while the ranks run,
+            for each `zerocourse.report(**values)` a rank makes (see zerocourse.progress).
     Raises:
         RankError: the first rank that failed (also an instance of its exception's class).
         RankTimeoutError: ranks that did not finish in time, with their last collective and stack.
@@ -512,6 +518,9 @@ def launch(fn, world_size: int, *args, backend: str = "auto", timeout: float | N
     __tracebackhide__ = True
     timeout = DEFAULT_TIMEOUT if timeout is None else timeout
     _check_args(fn, world_size, backend, timeout)
+    if on_report is not None and not callable(on_report):
+        raise TypeError(f"launch: on_report must be a function (rank, values) or None, got "
+                        f"{type(on_report).__name__}")
     coll_timeout = collective_timeout or min(DEFAULT_COLLECTIVE_TIMEOUT, timeout / 2)
     backend = pick_backend(backend, world_size)
     payload = _pickle_payload(fn, args, kwargs)
@@ -535,7 +544,7 @@ def launch(fn, world_size: int, *args, backend: str = "auto", timeout: float | N
                                    name=f"zerocourse-rank{rank}", daemon=True)
                 proc.start()
                 writer.close()
-                ranks.append(_Rank(rank, proc, reader))
+                ranks.append(_Rank(rank, proc, reader, on_report))
         return _supervise(ranks, timeout, tmpdir, sources, cell_names)
     finally:
         # Runs on success, failure, KeyboardInterrupt and nbgrader's cell timeout alike.

@@ -11,14 +11,16 @@ def rank_color(rank: int) -> str:
     return RANK_COLORS[rank % len(RANK_COLORS)]
 
 
-def rank_values(ax, values: list[float], title: str, ylabel: str = "value") -> None:
-    """One bar per rank, coloured by rank, value written on top.
+def rank_values(ax, values: list[float], title: str, ylabel: str = "value", legend: bool = True) -> None:
+    """One bar per rank, coloured by rank, value written on top, and a legend of rank colours.
 
     Args:
         ax: a matplotlib Axes.
         values: values[r] is rank r's value.
         title: the panel's title.
         ylabel: y-axis label (with units where there are some).
+        legend: draw the legend (the course's figures all have one; pass False on all but one
+            panel of a multi-panel figure if it crowds).
     """
     ranks = list(range(len(values)))
     bars = ax.bar(ranks, values, color=[rank_color(r) for r in ranks],
@@ -30,3 +32,5 @@ def rank_values(ax, values: list[float], title: str, ylabel: str = "value") -> N
     ax.set_xlabel("rank")
     ax.set_ylabel(ylabel)
     ax.set_title(title)
+    if legend:
+        ax.legend(fontsize="small")

@@ -98,6 +98,25 @@ def draw_stages(ax, breakdown, device_bytes=None, highlight=None, title=None, un
     return containers
 
 
+# Model sizes of the paper (GPT-2 1.5B, 7.5B, 14B, 128B), GPT-3 (175B), and 1-2-5 steps between.
+PAPER_SIZES = (1.5e9, 7.5e9, 14e9, 128e9, 175e9)
+
+
+def _size_label(n: float) -> str:
+    for unit, name in ((1e12, "T"), (1e9, "B"), (1e6, "M")):
+        if n >= unit:
+            return f"{n / unit:g}{name}"
+    return f"{n:g}"
+
+
+def model_sizes(extra: float | None = None) -> list[tuple[str, float]]:
+    """(label, Ψ) options of the calculator's size slider: 1M to 10T, plus `extra` if given."""
+    sizes = {float(m * 10 ** e) for e in range(6, 13) for m in (1, 2, 5)} | {10e12, *PAPER_SIZES}
+    if extra is not None:
+        sizes.add(float(extra))
+    return [(_size_label(n), n) for n in sorted(sizes)]
+
+
 class MemoryCalculator:
     """What memory_calculator returns.
 
@@ -116,9 +135,10 @@ class MemoryCalculator:
         style = {"description_width": "150px"}
         layout = w.Layout(width="520px")
         self.controls = {
-            "num_params": w.FloatLogSlider(value=num_params, base=10, min=6, max=13, step=0.05,
-                                           description="parameters Ψ", style=style,
-                                           layout=layout, readout_format=".3g"),
+            # Named sizes, not a log slider: a log grid would snap 7.5B to 7.94B (10^9.9).
+            "num_params": w.SelectionSlider(options=model_sizes(num_params), value=float(num_params),
+                                            description="parameters Ψ", style=style,
+                                            layout=layout),
             "world_size": w.SelectionSlider(options=[2 ** i for i in range(11)],
                                             value=world_size, description="ranks N",
                                             style=style, layout=layout),
@@ -153,7 +173,7 @@ class MemoryCalculator:
         self.figure.clear()
         ax = self.figure.add_subplot()
         draw_stages(ax, rows, device_bytes=device_bytes, highlight=v["stage"],
-                    title=f"Ψ = {v['num_params']:.3g} parameters, N = {v['world_size']} ranks, "
+                    title=f"Ψ = {_size_label(v['num_params'])} parameters, N = {v['world_size']} ranks, "
                           f"{v['precision']} + {v['optimizer']}")
         self.figure.tight_layout()
         buf = io.BytesIO()
