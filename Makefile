@@ -46,8 +46,11 @@ lab: setup
 	done
 	$(VENV)/bin/jupyter lab --notebook-dir=$(WORKDIR) $$( [ "$$(id -u)" = 0 ] && echo --allow-root ) $(LAB_ARGS)
 
+# Two pytest workers (whole files each): the grading battery and the browser test mostly wait
+# on timeouts and kernels, so they overlap well with the rest even on 2 cores.
+TEST_WORKERS ?= 2
 test: setup sandbox-tools
-	$(PY) -m pytest tests
+	$(PY) -m pytest tests -n $(TEST_WORKERS) --dist loadfile
 
 # The notebooks in JupyterLab and Notebook 7, driven in headless Chromium (part of `make test`;
 # it installs Debian's chromium + chromium-driver itself when it can, and skips saying why if not).

@@ -20,6 +20,9 @@ from tests.fixtures.make_submission import (ROOT, cell_by_id, load, replace_in,
                                             solution_as_submission, write)
 from tests.proc_util import descendants
 
+# One `make grade` of the whole battery (~8 min alone, more beside another pytest worker).
+pytestmark = pytest.mark.timeout(1800)
+
 AID = "00_setup"
 ENV = {"ZEROCOURSE_COLLECTIVE_TIMEOUT": "3", "ZEROCOURSE_TIMEOUT": "10",
        "ZEROCOURSE_CELL_TIMEOUT": "20"}

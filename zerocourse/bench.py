@@ -1,6 +1,6 @@
 """Benchmarks (`make bench`): figures printed, and written to bench/results.json.
 
-Not a timed test: it measures and reports, in one run:
+Not a timed test: it measures and reports, in one run (`--only launcher,stages,...` for parts):
 1. the launcher: median launch + teardown of a trivial all-reduce on 2 and 4 ranks, for
    zerocourse.launch (ranks forked from a fork server) and torchrun;
 2. every stage, the course's reference implementation (loaded from solutions/ with the
@@ -8,7 +8,9 @@ Not a timed test: it measures and reports, in one run:
    ranks): DP vs DistributedDataParallel, ZeRO-1 vs ZeroRedundancyOptimizer, ZeRO-2 vs FSDP
    SHARD_GRAD_OP, ZeRO-3 vs FSDP2 fully_shard. Step times are fp32 (torch's wrappers all
    run it); bytes held and sent are measured on our implementations in bf16 + fp32-master
-   Adam, the setting of the paper's formulas.
+   Adam, the setting of the paper's formulas;
+3. every notebook: its solution run top to bottom headless, and the autograde time of two
+   submissions (the solution, the blank release copy) through autograder/grade.py.
 
 results.json schema:
     {"machine": {"cpus": int, "torch": str},
@@ -19,7 +21,13 @@ results.json schema:
          "bytes_per_rank", "bytes_formula",        # model-state bytes on rank 0 (bf16) between
                                                    # steps (grads freed), and the formula for it
          "sent_per_rank", "sent_formula"}}},       # ring bytes rank 0 sends per step, formula
-     "params": int}                                # Ψ of the benchmark model
+     "params": int,                                # Ψ of the benchmark model
+     "notebooks": {"<assignment>": {"execute_s"}}, # solution run top to bottom, headless
+     "notebooks_total_s": float,
+     "autograde": {"<assignment>": {               # autograder/grade.py, one row per submission
+         "reference_s", "reference_score",         # the solution notebook submitted
+         "blank_s", "blank_score", "max_score"}},  # the release copy (stubs) submitted
+     "autograde_sandboxed": bool}                  # kernels ran in the bubblewrap sandbox
 """
 from __future__ import annotations
 
@@ -185,27 +193,118 @@ def bench_stages(world_sizes=(2, 4), steps: int = 5) -> tuple[dict, int]:
     return out, psi
 
 
-def main() -> int:
-    results = {"machine": {"cpus": os.cpu_count(), "torch": torch.__version__},
-               "launcher": bench_launcher()}
-    results["stages"], results["params"] = bench_stages()
-    print(f"{'ranks':>5} {'zerocourse.launch':>18} {'torchrun':>10} {'ratio':>7}")
-    for n, r in results["launcher"].items():
-        print(f"{n:>5} {r['zerocourse_s']:>17.3f}s {r['torchrun_s']:>9.2f}s {r['ratio']:>7.3f}")
-    print(f"\nstages (TinyGPT, {results['params']} params; times fp32, bytes bf16 + fp32 Adam)")
-    print(f"{'N':>2} {'stage':>5} {'torch equivalent':>24} {'ours ms':>8} {'torch ms':>9} {'ratio':>6} "
-          f"{'held kB':>8} {'formula':>8} {'sent kB':>8} {'formula':>8}")
-    for n, stages in results["stages"].items():
-        for st, r in stages.items():
-            print(f"{n:>2} {st:>5} {r['torch']:>24} {1e3 * r['ours_step_s']:>8.1f} "
-                  f"{1e3 * r['torch_step_s']:>9.1f} {r['ratio']:>6.2f} {r['bytes_per_rank'] / 1e3:>8.1f} "
-                  f"{r['bytes_formula'] / 1e3:>8.1f} {r['sent_per_rank'] / 1e3:>8.1f} "
-                  f"{r['sent_formula'] / 1e3:>8.1f}")
+def _course_root() -> str:
+    return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _assignments() -> list[str]:
+    src = os.path.join(_course_root(), "solutions")
+    return sorted(d for d in os.listdir(src) if os.path.isfile(os.path.join(src, d, f"{d}.ipynb")))
+
+
+def bench_notebooks() -> dict:
+    """Seconds to run each solution notebook top to bottom, headless (nbclient, one kernel each)."""
+    import nbformat
+    from nbclient import NotebookClient
+    out = {}
+    for aid in _assignments():
+        folder = os.path.join(_course_root(), "solutions", aid)
+        nb = nbformat.read(os.path.join(folder, f"{aid}.ipynb"), as_version=4)
+        t0 = time.perf_counter()
+        NotebookClient(nb, timeout=600, kernel_name="python3",
+                       resources={"metadata": {"path": folder}}).execute()
+        out[aid] = {"execute_s": round(time.perf_counter() - t0, 2)}
+        print(f"  executed {aid} in {out[aid]['execute_s']:.1f} s", flush=True)
+    return out
+
+
+def bench_autograde() -> tuple[dict, bool]:
+    """Seconds `make grade` spends per submission, per notebook, for two submissions each:
+    the reference solution (full marks expected) and the blank release copy (stubs).
+
+    One autograder/grade.py run, sandboxed when bubblewrap is there (as instructors grade);
+    the per-row "seconds" of its grades.csv are the figures.
+    """
+    import csv
+    import shutil as _shutil
+    root = _course_root()
+    sandboxed = _shutil.which("bwrap") is not None
+    with tempfile.TemporaryDirectory(prefix="zc-bench-grade-") as tmp:
+        subs, graded = os.path.join(tmp, "submissions"), os.path.join(tmp, "graded")
+        for student, kind in (("reference", "solutions"), ("blank", "notebooks")):
+            for aid in _assignments():
+                os.makedirs(os.path.join(subs, student, aid))
+                _shutil.copy(os.path.join(root, kind, aid, f"{aid}.ipynb"),
+                             os.path.join(subs, student, aid, f"{aid}.ipynb"))
+        cmd = [sys.executable, os.path.join(root, "autograder", "grade.py"), subs, graded]
+        if not sandboxed:
+            cmd.append("--no-sandbox")
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
+        if proc.returncode != 0:
+            raise RuntimeError(f"grade.py failed:\n{proc.stderr[-3000:]}")
+        with open(os.path.join(graded, "grades.csv")) as f:
+            rows = list(csv.DictReader(f))
+    out = {}
+    for r in rows:
+        entry = out.setdefault(r["assignment_id"], {"max_score": float(r["max_score"])})
+        entry[f"{r['student_id']}_s"] = float(r["seconds"])
+        entry[f"{r['student_id']}_score"] = float(r["score"])
+    return out, sandboxed
+
+
+def main(argv=None) -> int:
+    import argparse
+    parser = argparse.ArgumentParser(description="Course benchmarks: figures printed and written "
+                                                 "to bench/results.json (not a test).")
+    parser.add_argument("--only", default="launcher,stages,notebooks,autograde",
+                        help="comma-separated parts to run (default: all)")
+    parts = set(parser.parse_args(argv).only.split(","))
+    results = {"machine": {"cpus": os.cpu_count(), "torch": torch.__version__}}
+    if "launcher" in parts:
+        results["launcher"] = bench_launcher()
+    if "stages" in parts:
+        results["stages"], results["params"] = bench_stages()
+    if "notebooks" in parts:
+        results["notebooks"] = bench_notebooks()
+        results["notebooks_total_s"] = round(sum(r["execute_s"] for r in results["notebooks"].values()), 2)
+    if "autograde" in parts:
+        results["autograde"], results["autograde_sandboxed"] = bench_autograde()
+    _print(results)
     os.makedirs("bench", exist_ok=True)
     with open(os.path.join("bench", "results.json"), "w") as f:
         json.dump(results, f, indent=2)
     print("wrote bench/results.json")
     return 0
+
+
+def _print(results: dict) -> None:
+    print(f"{'ranks':>5} {'zerocourse.launch':>18} {'torchrun':>10} {'ratio':>7}")
+    for n, r in results.get("launcher", {}).items():
+        print(f"{n:>5} {r['zerocourse_s']:>17.3f}s {r['torchrun_s']:>9.2f}s {r['ratio']:>7.3f}")
+    print(f"\nstages (TinyGPT, {results.get('params')} params; times fp32, bytes bf16 + fp32 Adam)")
+    print(f"{'N':>2} {'stage':>5} {'torch equivalent':>24} {'ours ms':>8} {'torch ms':>9} {'ratio':>6} "
+          f"{'held kB':>8} {'formula':>8} {'sent kB':>8} {'formula':>8}")
+    for n, stages in results.get("stages", {}).items():
+        for st, r in stages.items():
+            print(f"{n:>2} {st:>5} {r['torch']:>24} {1e3 * r['ours_step_s']:>8.1f} "
+                  f"{1e3 * r['torch_step_s']:>9.1f} {r['ratio']:>6.2f} {r['bytes_per_rank'] / 1e3:>8.1f} "
+                  f"{r['bytes_formula'] / 1e3:>8.1f} {r['sent_per_rank'] / 1e3:>8.1f} "
+                  f"{r['sent_formula'] / 1e3:>8.1f}")
+    if "notebooks" in results or "autograde" in results:
+        sandbox = "sandboxed" if results.get("autograde_sandboxed") else "not sandboxed"
+        print(f"\nnotebooks: solutions run top to bottom (headless), and `make grade` per "
+              f"submission ({sandbox})")
+        print(f"{'notebook':<24} {'execute s':>9} {'grade reference s':>18} {'score':>9} "
+              f"{'grade blank s':>14} {'score':>9}")
+        for aid in sorted(set(results.get("notebooks", {})) | set(results.get("autograde", {}))):
+            ex = results.get("notebooks", {}).get(aid, {}).get("execute_s", float("nan"))
+            g = results.get("autograde", {}).get(aid, {})
+            mx = g.get("max_score", float("nan"))
+            print(f"{aid:<24} {ex:>9.1f} {g.get('reference_s', float('nan')):>18.1f} "
+                  f"{g.get('reference_score', float('nan')):>4g}/{mx:<4g} "
+                  f"{g.get('blank_s', float('nan')):>14.1f} {g.get('blank_score', float('nan')):>4g}/{mx:<4g}")
+        if "notebooks_total_s" in results:
+            print(f"{'total':<24} {results['notebooks_total_s']:>9.1f}")
 
 
 if __name__ == "__main__":
