@@ -203,7 +203,6 @@ def _bar_heights(fig):
 
 
 def test_memory_calculator_follows_the_world_size_slider(solution_fns):
-    pytest.importorskip("ipywidgets")
     from zerocourse.widgets import memory_calculator
     calc = memory_calculator(*solution_fns, num_params=7.5e9, world_size=64, stage=1, device_gb=32)
     totals = [row["total"] for row in calc.data["breakdown"]]
@@ -225,7 +224,6 @@ def test_memory_calculator_follows_the_world_size_slider(solution_fns):
 
 
 def test_memory_calculator_warns_about_a_wrong_formula(solution_fns):
-    pytest.importorskip("ipywidgets")
     from zerocourse.widgets import memory_calculator
     bpp, msb, mnp = solution_fns
 
@@ -235,3 +233,15 @@ def test_memory_calculator_warns_about_a_wrong_formula(solution_fns):
     calc = memory_calculator(bpp, grads_sharded_in_stage_1, mnp)
     assert not all(row["consistent"] for row in calc.data["breakdown"])
     assert "⚠️" in calc.text.value
+
+
+def test_memory_calculator_without_ipywidgets_draws_once(solution_fns, monkeypatch):
+    """A front end without widgets gets the same text and figure, drawn for the given values."""
+    import sys
+    from zerocourse.widgets import memory_calculator
+    monkeypatch.setitem(sys.modules, "ipywidgets", None)          # import ipywidgets fails
+    calc = memory_calculator(*solution_fns, num_params=7.5e9, world_size=64, stage=1, device_gb=32)
+    assert [round(r["total"] / 1e9, 1) for r in calc.data["breakdown"]] == [120.0, 31.4, 16.6, 1.9]
+    html = calc.widget._repr_html_()
+    assert "ipywidgets is not available" in html and "fits" in html
+    assert "data:image/png;base64,iVBOR" in html

@@ -93,3 +93,10 @@ def test_falls_back_to_text_without_a_notebook():
     assert proc.returncode == 0, proc.stderr
     assert "points 3" in proc.stdout
     assert "run: 100%" in proc.stdout and "3/3" in proc.stdout
+
+
+def test_progress_bar_follows_rank_zero():
+    from zerocourse.progress import progress_bar
+    cb = progress_bar(5, "steps")
+    launch(_count, 2, 5, on_report=cb)
+    assert cb.bar.n == 5

@@ -9,8 +9,8 @@ Not a timed test: it measures and reports, in one run (`--only launcher,stages,.
    SHARD_GRAD_OP, ZeRO-3 vs FSDP2 fully_shard. Step times are fp32 (torch's wrappers all
    run it); bytes held and sent are measured on our implementations in bf16 + fp32-master
    Adam, the setting of the paper's formulas;
-3. every notebook: its solution run top to bottom headless, and the autograde time of two
-   submissions (the solution, the blank release copy) through autograder/grade.py.
+3. every notebook: its solution run top to bottom headless, and the autograde time of the
+   solution submitted through autograder/grade.py (with --blank, of the release copy too).
 
 results.json schema:
     {"machine": {"cpus": int, "torch": str},
@@ -26,7 +26,8 @@ results.json schema:
      "notebooks_total_s": float,
      "autograde": {"<assignment>": {               # autograder/grade.py, one row per submission
          "reference_s", "reference_score",         # the solution notebook submitted
-         "blank_s", "blank_score", "max_score"}},  # the release copy (stubs) submitted
+         "max_score", "manual_points",             # manual points: graded by hand, not here
+         "blank_s", "blank_score"}},               # with --blank: the release copy (stubs)
      "autograde_sandboxed": bool}                  # kernels ran in the bubblewrap sandbox
 """
 from __future__ import annotations
@@ -218,9 +219,17 @@ def bench_notebooks() -> dict:
     return out
 
 
-def bench_autograde() -> tuple[dict, bool]:
-    """Seconds `make grade` spends per submission, per notebook, for two submissions each:
-    the reference solution (full marks expected) and the blank release copy (stubs).
+def _manual_points(aid: str) -> float:
+    """Points of an assignment graded by hand (nbgrader: a graded cell that is also a solution)."""
+    with open(os.path.join(_course_root(), "solutions", aid, f"{aid}.ipynb")) as f:
+        cells = json.load(f)["cells"]
+    meta = [c.get("metadata", {}).get("nbgrader", {}) for c in cells]
+    return float(sum(m.get("points", 0) for m in meta if m.get("grade") and m.get("solution")))
+
+
+def bench_autograde(blank: bool = False) -> tuple[dict, bool]:
+    """Seconds `make grade` spends per submission, per notebook: the reference solution
+    submitted (full auto-graded marks expected) and, with `blank`, the release copy (stubs).
 
     One autograder/grade.py run, sandboxed when bubblewrap is there (as instructors grade);
     the per-row "seconds" of its grades.csv are the figures.
@@ -231,7 +240,7 @@ def bench_autograde() -> tuple[dict, bool]:
     sandboxed = _shutil.which("bwrap") is not None
     with tempfile.TemporaryDirectory(prefix="zc-bench-grade-") as tmp:
         subs, graded = os.path.join(tmp, "submissions"), os.path.join(tmp, "graded")
-        for student, kind in (("reference", "solutions"), ("blank", "notebooks")):
+        for student, kind in (("reference", "solutions"),) + ((("blank", "notebooks"),) if blank else ()):
             for aid in _assignments():
                 os.makedirs(os.path.join(subs, student, aid))
                 _shutil.copy(os.path.join(root, kind, aid, f"{aid}.ipynb"),
@@ -246,7 +255,8 @@ def bench_autograde() -> tuple[dict, bool]:
             rows = list(csv.DictReader(f))
     out = {}
     for r in rows:
-        entry = out.setdefault(r["assignment_id"], {"max_score": float(r["max_score"])})
+        entry = out.setdefault(r["assignment_id"], {"max_score": float(r["max_score"]),
+                                                    "manual_points": _manual_points(r["assignment_id"])})
         entry[f"{r['student_id']}_s"] = float(r["seconds"])
         entry[f"{r['student_id']}_score"] = float(r["score"])
     return out, sandboxed
@@ -258,7 +268,10 @@ def main(argv=None) -> int:
                                                  "to bench/results.json (not a test).")
     parser.add_argument("--only", default="launcher,stages,notebooks,autograde",
                         help="comma-separated parts to run (default: all)")
-    parts = set(parser.parse_args(argv).only.split(","))
+    parser.add_argument("--blank", action="store_true",
+                        help="also autograde each notebook's blank release copy (+3 min)")
+    args = parser.parse_args(argv)
+    parts = set(args.only.split(","))
     results = {"machine": {"cpus": os.cpu_count(), "torch": torch.__version__}}
     if "launcher" in parts:
         results["launcher"] = bench_launcher()
@@ -268,7 +281,7 @@ def main(argv=None) -> int:
         results["notebooks"] = bench_notebooks()
         results["notebooks_total_s"] = round(sum(r["execute_s"] for r in results["notebooks"].values()), 2)
     if "autograde" in parts:
-        results["autograde"], results["autograde_sandboxed"] = bench_autograde()
+        results["autograde"], results["autograde_sandboxed"] = bench_autograde(args.blank)
     _print(results)
     os.makedirs("bench", exist_ok=True)
     with open(os.path.join("bench", "results.json"), "w") as f:
@@ -294,15 +307,16 @@ def _print(results: dict) -> None:
         sandbox = "sandboxed" if results.get("autograde_sandboxed") else "not sandboxed"
         print(f"\nnotebooks: solutions run top to bottom (headless), and `make grade` per "
               f"submission ({sandbox})")
-        print(f"{'notebook':<24} {'execute s':>9} {'grade reference s':>18} {'score':>9} "
-              f"{'grade blank s':>14} {'score':>9}")
+        print(f"{'notebook':<24} {'execute s':>9} {'grade reference s':>18} {'score (auto/max)':>17} "
+              f"{'grade blank s':>14} {'score':>6}")
+        nan = float("nan")
         for aid in sorted(set(results.get("notebooks", {})) | set(results.get("autograde", {}))):
-            ex = results.get("notebooks", {}).get(aid, {}).get("execute_s", float("nan"))
+            ex = results.get("notebooks", {}).get(aid, {}).get("execute_s", nan)
             g = results.get("autograde", {}).get(aid, {})
-            mx = g.get("max_score", float("nan"))
-            print(f"{aid:<24} {ex:>9.1f} {g.get('reference_s', float('nan')):>18.1f} "
-                  f"{g.get('reference_score', float('nan')):>4g}/{mx:<4g} "
-                  f"{g.get('blank_s', float('nan')):>14.1f} {g.get('blank_score', float('nan')):>4g}/{mx:<4g}")
+            mx, manual = g.get("max_score", nan), g.get("manual_points", 0)
+            score = f"{g.get('reference_score', nan):g}/{mx - manual:g}/{mx:g}"
+            print(f"{aid:<24} {ex:>9.1f} {g.get('reference_s', nan):>18.1f} {score:>17} "
+                  f"{g.get('blank_s', nan):>14.1f} {g.get('blank_score', nan):>6g}")
         if "notebooks_total_s" in results:
             print(f"{'total':<24} {results['notebooks_total_s']:>9.1f}")
 

@@ -49,6 +49,30 @@ def report(**values) -> bool:
     return True
 
 
+def progress_bar(total: int, desc: str, rank: int = 0):
+    """A callback for launch(on_report=...) that moves a tqdm.auto bar (a widget in Jupyter,
+    text elsewhere) to the `step` rank `rank` reports.
+
+    Args:
+        total: the number of steps the rank will report.
+        desc: the bar's label.
+        rank: whose reports move the bar.
+    Returns:
+        on_report(rank, values), with .bar (the tqdm) and .close().
+    """
+    from tqdm.auto import tqdm
+    bar = tqdm(total=total, desc=desc, file=sys.stdout, mininterval=0.5)
+
+    def on_report(r: int, values: dict) -> None:
+        if r == rank:
+            bar.update(int(values.get("step", bar.n + 1)) - bar.n)
+            if bar.n >= total:
+                bar.close()
+
+    on_report.bar, on_report.close = bar, bar.close
+    return on_report
+
+
 def _in_notebook() -> bool:
     try:
         return get_ipython() is not None and "IPKernelApp" in get_ipython().config  # noqa: F821

@@ -14,10 +14,15 @@ A wrong formula shows up as a bar whose pieces do not add up: the calculator the
     calc = memory_calculator(bytes_per_parameter, model_state_bytes, max_num_params)
     display(calc.widget)                      # sliders, bars per rank, "what fits"
     calc.controls["world_size"].value = 8     # bars and text update (calc.data, calc.figure)
+
+Without ipywidgets (a front end that has none), calc.widget is a static view of the same text
+and figure for the initial values.
 """
 from __future__ import annotations
 
+import base64
 import io
+import types
 
 from matplotlib.figure import Figure
 
@@ -130,8 +135,19 @@ class MemoryCalculator:
 
     def __init__(self, bytes_per_parameter, model_state_bytes, max_num_params,
                  num_params=7.5e9, world_size=64, stage=1, device_gb=32.0):
-        import ipywidgets as w
         self._fns = (bytes_per_parameter, model_state_bytes, max_num_params)
+        self.figure = Figure(figsize=(7.5, 4.2))
+        self.data = {}
+        try:
+            import ipywidgets as w
+        except ImportError:       # no widgets in this front end: draw once, for these values
+            fixed = {"num_params": num_params, "world_size": world_size, "stage": stage,
+                     "precision": "mixed", "optimizer": "adam", "device_gb": device_gb}
+            self.controls = {k: types.SimpleNamespace(value=v) for k, v in fixed.items()}
+            self.image, self.text = types.SimpleNamespace(value=b""), types.SimpleNamespace(value="")
+            self.widget = _StaticView(self)
+            self.update()
+            return
         style = {"description_width": "150px"}
         layout = w.Layout(width="520px")
         self.controls = {
@@ -154,8 +170,6 @@ class MemoryCalculator:
         }
         self.image = w.Image(format="png")
         self.text = w.HTML()
-        self.figure = Figure(figsize=(7.5, 4.2))
-        self.data = {}
         self.widget = w.VBox(list(self.controls.values()) + [self.text, self.image])
         for c in self.controls.values():
             c.observe(lambda change: self.update(), names="value")
@@ -192,6 +206,19 @@ class MemoryCalculator:
                          "3: + parameters)?")
         self.text.value = "<br>".join(lines)
         return self.data
+
+
+class _StaticView:
+    """What `display(calc.widget)` shows without ipywidgets: the text and figure, no controls."""
+
+    def __init__(self, calc: MemoryCalculator):
+        self.calc = calc
+
+    def _repr_html_(self) -> str:
+        png = base64.b64encode(self.calc.image.value).decode()
+        return (f"<p><i>ipywidgets is not available here, so the calculator is drawn once for "
+                f"these values (pip install ipywidgets for the sliders).</i></p>"
+                f"<p>{self.calc.text.value}</p><img src='data:image/png;base64,{png}'/>")
 
 
 def memory_calculator(bytes_per_parameter, model_state_bytes, max_num_params, **defaults):
