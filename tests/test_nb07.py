@@ -27,6 +27,23 @@ WRONG = {
 }
 
 
+VALID = {
+    "factored formulas (other float rounding)": (
+        "    return float([16 * psi, (4 + 12 / n) * psi, (2 + 14 / n) * psi, 16 / n * psi][stage])\n"),
+    "if/elif with integer-friendly order": (
+        "    if stage == 0:\n        return 16.0 * psi\n    if stage == 1:\n"
+        "        return psi * (4 * n + 12) / n\n    if stage == 2:\n"
+        "        return psi * (2 * n + 14) / n\n    return psi * 16 / n\n"),
+}
+
+
+@pytest.mark.parametrize("alt", list(VALID))
+def test_valid_alternative_gets_full_marks(alt):
+    body = VALID[alt]
+    src = 'def bytes_per_rank(stage, psi, n):\n    """Per-rank model-state bytes."""\n' + body
+    assert_full_marks(AID, solutions={"capstone-q1": src}, only=["capstone-q1-test"])
+
+
 @pytest.mark.parametrize("bug", list(WRONG))
 def test_wrong_answer_is_caught(bug):
     edits, must_fail = WRONG[bug]

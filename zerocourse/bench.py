@@ -307,16 +307,18 @@ def _print(results: dict) -> None:
         sandbox = "sandboxed" if results.get("autograde_sandboxed") else "not sandboxed"
         print(f"\nnotebooks: solutions run top to bottom (headless), and `make grade` per "
               f"submission ({sandbox})")
-        print(f"{'notebook':<24} {'execute s':>9} {'grade reference s':>18} {'score (auto/max)':>17} "
-              f"{'grade blank s':>14} {'score':>6}")
+        blank = any("blank_s" in g for g in results.get("autograde", {}).values())
+        print(f"{'notebook':<24} {'execute s':>9} {'grade reference s':>18} {'score auto/max':>15} "
+              + (f"{'grade blank s':>14} {'score':>6}" if blank else ""))
         nan = float("nan")
         for aid in sorted(set(results.get("notebooks", {})) | set(results.get("autograde", {}))):
             ex = results.get("notebooks", {}).get(aid, {}).get("execute_s", nan)
             g = results.get("autograde", {}).get(aid, {})
             mx, manual = g.get("max_score", nan), g.get("manual_points", 0)
+            # reference score / auto-graded points / all points (the rest are graded by hand)
             score = f"{g.get('reference_score', nan):g}/{mx - manual:g}/{mx:g}"
-            print(f"{aid:<24} {ex:>9.1f} {g.get('reference_s', nan):>18.1f} {score:>17} "
-                  f"{g.get('blank_s', nan):>14.1f} {g.get('blank_score', nan):>6g}")
+            print(f"{aid:<24} {ex:>9.1f} {g.get('reference_s', nan):>18.1f} {score:>15} "
+                  + (f"{g.get('blank_s', nan):>14.1f} {g.get('blank_score', nan):>6g}" if blank else ""))
         if "notebooks_total_s" in results:
             print(f"{'total':<24} {results['notebooks_total_s']:>9.1f}")
 
