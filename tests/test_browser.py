@@ -64,7 +64,7 @@ def lab(course):
 
 
 def _errors(cells):
-    return [(i, o["ename"], o.get("evalue", "")[:200]) for i, c in enumerate(cells)
+    return [(i, o["ename"], o.get("evalue", "")[:3000]) for i, c in enumerate(cells)
             for o in c["outputs"] if o["output_type"] == "error"]
 
 

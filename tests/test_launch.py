@@ -258,3 +258,30 @@ def test_killed_parent_takes_its_ranks_with_it(tmp_path):
             break
         time.sleep(0.2)
     assert alive == [], f"processes left behind: {alive}"
+
+
+def _ranks_ran(rank, world_size):
+    import torch
+    import torch.distributed as dist
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    print("ran")
+    return t.item()
+
+
+def test_a_failed_join_is_retried_before_any_code_runs(monkeypatch, capfd):
+    """gloo's connect can fail on a loaded machine: the ranks are started again, fn runs once."""
+    zl = sys.modules["zerocourse.launch"]
+    monkeypatch.setattr(zl, "_FAIL_JOIN", (1,))
+    assert launch(_ranks_ran, 3) == [3.0, 3.0, 3.0]
+    out, err = capfd.readouterr()
+    assert "rank 1 could not join the process group" in err and "starting the ranks again" in err
+    assert out.count("] ran") == 3
+
+
+def test_a_join_that_keeps_failing_is_reported(monkeypatch):
+    zl = sys.modules["zerocourse.launch"]
+    monkeypatch.setattr(zl, "_FAIL_JOIN", (2,))
+    monkeypatch.setattr(zl, "_FAIL_JOIN_TIMES", zl.JOIN_ATTEMPTS)
+    with pytest.raises(zl.RankError, match=r"rank 2 failed with RuntimeError: Gloo connectFullMesh"):
+        launch(_ranks_ran, 3)

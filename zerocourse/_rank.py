@@ -10,7 +10,8 @@ Messages are tuples:
     ("out", stream, bytes)   captured stdout/stderr (fd level, so C++ prints too)
     ("enter", text)          a torch.distributed call this rank just entered
     ("report", dict)         zerocourse.report(...) values, for launch(on_report=...)
-    ("error", info_dict)     fn raised; info has type, message, traceback text
+    ("error", info_dict)     fn raised; info has type, message, traceback text, and
+                             joining=True if it happened while joining the process group
     ("result", bytes)        cloudpickled return value of fn
 """
 from __future__ import annotations
@@ -220,7 +221,10 @@ def rank_main(spec: dict, rank: int, conn) -> None:
     # start, so set it here rather than in the kernel).
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo0" if sys.platform == "darwin" else "lo")
     world_size = spec["world_size"]
+    joining = True             # True until the process group exists (no user code has run)
     try:
+        if rank in spec.get("fail_join", ()):   # tests: a rendezvous that fails under load
+            raise RuntimeError("Gloo connectFullMesh failed with [simulated by a test]")
         backend = spec["backend"]
         device = None
         if backend == "nccl":
@@ -232,6 +236,7 @@ def rank_main(spec: dict, rank: int, conn) -> None:
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                                 timeout=datetime.timedelta(seconds=spec["coll_timeout"]), **kwargs)
         _watch_collectives(chan)
+        joining = False
         fn, args, kwargs = cloudpickle.loads(spec["payload"])
         result = fn(rank, world_size, *args, **kwargs)
         try:
@@ -241,7 +246,7 @@ def rank_main(spec: dict, rank: int, conn) -> None:
                             f"pickled back to the notebook: {e}. Return plain Python values or "
                             f"tensors.") from None
     except BaseException as exc:  # noqa: BLE001 - SystemExit/KeyboardInterrupt are reported too
-        msg = ("error", _error_info(exc, cell_names))
+        msg = ("error", dict(_error_info(exc, cell_names), joining=joining))
     finally:
         if dist.is_initialized():
             try:

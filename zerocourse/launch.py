@@ -385,8 +385,27 @@ def _blame(ranks: list[_Rank]) -> _Rank:
     return (deaths or causes or failed)[0]
 
 
-def _raise_failure(ranks: list[_Rank]) -> None:
+class _JoinFailed(Exception):
+    """Every failed rank failed while joining the process group (no user code ran): retry."""
+
+    def __init__(self, rank: int, message: str):
+        super().__init__(message)
+        self.rank = rank
+
+
+# A rendezvous that failed for a transient reason (a loaded machine), not because of the code.
+_TRANSIENT_JOIN = re.compile(r"connectFullMesh|Connection refused|Connection reset|timed out|"
+                             r"Timeout|Socket", re.I)
+
+
+def _raise_failure(ranks: list[_Rank], retry_join: bool = False) -> None:
     __tracebackhide__ = True
+    failed = [x for x in ranks if x.failed]
+    if retry_join and not any(x.has_result for x in ranks) and failed and all(
+            x.error is not None and x.error.get("joining") and _TRANSIENT_JOIN.search(x.error["message"])
+            for x in failed):
+        first = min(failed, key=lambda x: x.failed_at)
+        raise _JoinFailed(first.rank, first.error["message"])
     r = _blame(ranks)
     status = _status_lines(ranks)
     returned = [x.rank for x in ranks if x.has_result]
@@ -423,7 +442,8 @@ def _as_original_type(info: dict, message: str, rank: int) -> RankError:
     return RankError(message, rank, info["traceback"])
 
 
-def _supervise(ranks: list[_Rank], timeout: float, tmpdir: str, sources, cell_names) -> list:
+def _supervise(ranks: list[_Rank], timeout: float, tmpdir: str, sources, cell_names,
+               retry_join: bool = False) -> list:
     __tracebackhide__ = True
     deadline = time.monotonic() + timeout
     by_sentinel = {r.proc.sentinel: r for r in ranks}
@@ -450,7 +470,7 @@ def _supervise(ranks: list[_Rank], timeout: float, tmpdir: str, sources, cell_na
             first_failure = first_failure or now
             if all(r.finished for r in ranks) or now - first_failure > _GRACE_S:
                 _flush_partials(ranks)
-                _raise_failure(ranks)
+                _raise_failure(ranks, retry_join)
         if now > deadline:
             _flush_partials(ranks)
             _raise_timeout(ranks, timeout, tmpdir, sources, cell_names)
@@ -525,14 +545,37 @@ def launch(fn, world_size: int, *args, backend: str = "auto", timeout: float | N
     backend = pick_backend(backend, world_size)
     payload = _pickle_payload(fn, args, kwargs)
     sources, cell_names = _cell_sources()
+    spec = dict(payload=payload, world_size=world_size, backend=backend, host="127.0.0.1",
+                coll_timeout=coll_timeout, cwd=os.getcwd(), sys_path=list(sys.path),
+                sources=sources, cell_names=cell_names)
+    deadline = time.monotonic() + timeout
+    for attempt in range(JOIN_ATTEMPTS):
+        spec["fail_join"] = _FAIL_JOIN if attempt < _FAIL_JOIN_TIMES else ()
+        try:
+            return _launch_once(spec, world_size, deadline - time.monotonic(), on_report,
+                                retry_join=attempt + 1 < JOIN_ATTEMPTS)
+        except _JoinFailed as e:
+            # Nothing of fn ran: start the ranks again (gloo's connect can fail on a machine
+            # so loaded that a peer answers late).
+            print(f"[launch] rank {e.rank} could not join the process group ({str(e)[:200]}); "
+                  f"starting the ranks again", file=sys.stderr)
 
+
+# Tries at forming the process group before the failure is reported as the rank's error.
+JOIN_ATTEMPTS = 3
+# Tests of the retry only: these ranks fail to join on the first _FAIL_JOIN_TIMES attempts.
+_FAIL_JOIN: tuple = ()
+_FAIL_JOIN_TIMES = 1
+
+
+def _launch_once(spec: dict, world_size: int, timeout: float, on_report, retry_join: bool) -> list:
+    """One start of the ranks: a fresh store and fresh processes, supervised until done."""
+    __tracebackhide__ = True
     import torch.distributed as dist  # the kernel hosts the store; no torch op runs here
     store = dist.TCPStore("127.0.0.1", 0, world_size, is_master=True, wait_for_workers=False,
-                          timeout=datetime.timedelta(seconds=coll_timeout))
+                          timeout=datetime.timedelta(seconds=spec["coll_timeout"]))
     tmpdir = tempfile.mkdtemp(prefix="zerocourse-launch-")
-    spec = dict(payload=payload, world_size=world_size, backend=backend, host="127.0.0.1",
-                port=store.port, coll_timeout=coll_timeout, cwd=os.getcwd(),
-                sys_path=list(sys.path), sources=sources, cell_names=cell_names, tmpdir=tmpdir)
+    spec = dict(spec, port=store.port, tmpdir=tmpdir)
     ctx = _context()
     ranks: list[_Rank] = []
     try:
@@ -545,7 +588,8 @@ def launch(fn, world_size: int, *args, backend: str = "auto", timeout: float | N
                 proc.start()
                 writer.close()
                 ranks.append(_Rank(rank, proc, reader, on_report))
-        return _supervise(ranks, timeout, tmpdir, sources, cell_names)
+        return _supervise(ranks, max(timeout, 1.0), tmpdir, spec["sources"], spec["cell_names"],
+                          retry_join)
     finally:
         # Runs on success, failure, KeyboardInterrupt and nbgrader's cell timeout alike.
         _kill(ranks)
