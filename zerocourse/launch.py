@@ -442,10 +442,9 @@ def _as_original_type(info: dict, message: str, rank: int) -> RankError:
     return RankError(message, rank, info["traceback"])
 
 
-def _supervise(ranks: list[_Rank], timeout: float, tmpdir: str, sources, cell_names,
-               retry_join: bool = False) -> list:
+def _supervise(ranks: list[_Rank], timeout: float, deadline: float, tmpdir: str, sources,
+               cell_names, retry_join: bool = False) -> list:
     __tracebackhide__ = True
-    deadline = time.monotonic() + timeout
     by_sentinel = {r.proc.sentinel: r for r in ranks}
     by_conn = {r.conn: r for r in ranks}
     first_failure = None
@@ -552,13 +551,17 @@ def launch(fn, world_size: int, *args, backend: str = "auto", timeout: float | N
     for attempt in range(JOIN_ATTEMPTS):
         spec["fail_join"] = _FAIL_JOIN if attempt < _FAIL_JOIN_TIMES else ()
         try:
-            return _launch_once(spec, world_size, deadline - time.monotonic(), on_report,
+            return _launch_once(spec, world_size, timeout, deadline, on_report,
                                 retry_join=attempt + 1 < JOIN_ATTEMPTS)
         except _JoinFailed as e:
             # Nothing of fn ran: start the ranks again (gloo's connect can fail on a machine
             # so loaded that a peer answers late).
             print(f"[launch] rank {e.rank} could not join the process group ({str(e)[:200]}); "
                   f"starting the ranks again", file=sys.stderr)
+        except RankError as failure:
+            # The message carries the rank's own traceback; the launcher's frames would only
+            # stand between it and the learner's cell (IPython always shows the raising frame).
+            raise failure.with_traceback(None) from None
 
 
 # Tries at forming the process group before the failure is reported as the rank's error.
@@ -568,8 +571,10 @@ _FAIL_JOIN: tuple = ()
 _FAIL_JOIN_TIMES = 1
 
 
-def _launch_once(spec: dict, world_size: int, timeout: float, on_report, retry_join: bool) -> list:
-    """One start of the ranks: a fresh store and fresh processes, supervised until done."""
+def _launch_once(spec: dict, world_size: int, timeout: float, deadline: float, on_report,
+                 retry_join: bool) -> list:
+    """One start of the ranks: a fresh store and fresh processes, supervised until `deadline`
+    (time.monotonic()); `timeout` is the launch's whole budget, as the messages say it."""
     __tracebackhide__ = True
     import torch.distributed as dist  # the kernel hosts the store; no torch op runs here
     store = dist.TCPStore("127.0.0.1", 0, world_size, is_master=True, wait_for_workers=False,
@@ -588,8 +593,8 @@ def _launch_once(spec: dict, world_size: int, timeout: float, on_report, retry_j
                 proc.start()
                 writer.close()
                 ranks.append(_Rank(rank, proc, reader, on_report))
-        return _supervise(ranks, max(timeout, 1.0), tmpdir, spec["sources"], spec["cell_names"],
-                          retry_join)
+        return _supervise(ranks, timeout, max(deadline, time.monotonic() + 1.0), tmpdir,
+                          spec["sources"], spec["cell_names"], retry_join)
     finally:
         # Runs on success, failure, KeyboardInterrupt and nbgrader's cell timeout alike.
         _kill(ranks)
