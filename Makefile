@@ -46,11 +46,13 @@ lab: setup
 	done
 	$(VENV)/bin/jupyter lab --notebook-dir=$(WORKDIR) $$( [ "$$(id -u)" = 0 ] && echo --allow-root ) $(LAB_ARGS)
 
-# Two pytest workers (whole files each): the grading battery and the browser test mostly wait
-# on timeouts and kernels, so they overlap well with the rest even on 2 cores.
+# Two pytest workers (whole files each): the grading battery mostly waits on timeouts and
+# kernels, so it overlaps well with the rest even on 2 cores. The browser test runs after, alone:
+# a browser, a Jupyter server and ranks beside two busy workers overload a 2-core machine.
 TEST_WORKERS ?= 2
 test: setup sandbox-tools
-	$(PY) -m pytest tests -n $(TEST_WORKERS) --dist loadfile
+	$(PY) -m pytest tests -n $(TEST_WORKERS) --dist loadfile --ignore=tests/test_browser.py
+	$(PY) -m pytest tests/test_browser.py
 
 # The notebooks in JupyterLab and Notebook 7, driven in headless Chromium (part of `make test`;
 # it installs Debian's chromium + chromium-driver itself when it can, and skips saying why if not).

@@ -91,11 +91,15 @@ def _check_setup_notebook(browser, page, shots: str):
     page.run_past_errors()
     cells = page.cells()
     _shot(browser, f"{shots}-00_setup-page.png")
+    with open(os.path.join(ARTIFACTS, f"{shots}-00_setup-cells.json"), "w") as f:
+        json.dump(cells, f, indent=1)           # the whole outputs, for a failure's post-mortem
     code = [c for c in cells if c["type"] == "code" and c["source"].strip()]
     assert all(c["count"] is not None for c in code), [c["count"] for c in code]
     errors = _errors(cells)
     assert errors, "the release copy has stubs: some cells must raise NotImplementedError"
-    assert {e[1] for e in errors} == {"NotImplementedError"}, errors
+    unexpected = "\n\n".join(f"cell {i}: {name}: {text}" for i, name, text in errors
+                             if name != "NotImplementedError")
+    assert not unexpected, unexpected
 
     hello = page.index_of("launch(hello, 2)")
     for r in range(2):

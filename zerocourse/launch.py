@@ -558,6 +558,7 @@ def launch(fn, world_size: int, *args, backend: str = "auto", timeout: float | N
             # so loaded that a peer answers late).
             print(f"[launch] rank {e.rank} could not join the process group ({str(e)[:200]}); "
                   f"starting the ranks again", file=sys.stderr)
+            time.sleep(0.5 * (attempt + 1))          # let a burst of load pass
         except RankError as failure:
             # The message carries the rank's own traceback; the launcher's frames would only
             # stand between it and the learner's cell (IPython always shows the raising frame).
