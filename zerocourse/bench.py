@@ -172,7 +172,7 @@ def bench_stages(world_sizes=(2, 4), steps: int = 5) -> tuple[dict, int]:
     """Reference implementations vs torch's, per stage and N (see the module docstring)."""
     from zerocourse.loader import load_notebook
     from zerocourse.models import GPTConfig, TinyGPT
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = _course_root()
     psi = sum(p.numel() for p in TinyGPT(GPTConfig(vocab_size=64, block_size=64, n_layer=2,
                                                    n_head=4, n_embd=64, bias=False)).parameters())
     out = {}

@@ -64,10 +64,10 @@ def progress_bar(total: int, desc: str, rank: int = 0):
     bar = tqdm(total=total, desc=desc, file=sys.stdout, mininterval=0.5)
 
     def on_report(r: int, values: dict) -> None:
-        if r == rank:
+        if r == rank and not bar.disable:
             bar.update(int(values.get("step", bar.n + 1)) - bar.n)
             if bar.n >= total:
-                bar.close()
+                bar.close()                       # sets bar.disable
 
     on_report.bar, on_report.close = bar, bar.close
     return on_report
@@ -117,38 +117,25 @@ class LivePlot:
             on_report(rank, values), with .close() to finish the bar and draw the last state
             (called by itself when step == total).
         """
-        from tqdm.auto import tqdm
         if not isinstance(total, int) or total < 1:
             raise ValueError(f"LivePlot.series: total must be the number of steps (an int >= 1), "
                              f"got {total!r}")
-        self.data[name] = ([], [])
+        self.data[name] = steps, ys = [], []
         self._handle = None          # draw in the cell that runs this series (earlier ones kept)
         self.colors[name] = color or SERIES_COLORS[(len(self.data) - 1) % len(SERIES_COLORS)]
-        bar = tqdm(total=total, desc=name, file=sys.stdout, mininterval=0.5)
-        plot = self
+        advance = progress_bar(total, name, rank)
 
         def on_report(r: int, values: dict) -> None:
-            if r != rank:
-                return
-            steps, ys = plot.data[name]
-            step = int(values.get("step", len(steps) + 1))
-            if plot.key in values:
-                steps.append(step)
-                ys.append(float(values[plot.key]))
-                bar.set_postfix({plot.key: f"{ys[-1]:.3f}"}, refresh=False)
-            bar.update(step - bar.n)
-            if step >= total:
-                on_report.close()
-            elif time.monotonic() - plot._last_draw >= plot.min_interval:
-                plot.draw()
+            if r == rank and self.key in values:
+                steps.append(int(values.get("step", len(steps) + 1)))
+                ys.append(float(values[self.key]))
+                advance.bar.set_postfix({self.key: f"{ys[-1]:.3f}"}, refresh=False)
+            advance(r, values)                    # closes the bar at `total`
+            if r == rank and (advance.bar.disable or
+                              time.monotonic() - self._last_draw >= self.min_interval):
+                self.draw()                       # the last state is always drawn
 
-        def close() -> None:
-            if not bar.disable:
-                bar.close()
-                bar.disable = True
-                plot.draw()
-
-        on_report.close = close
+        on_report.close = lambda: (advance.close(), self.draw())
         return on_report
 
     def draw(self):
