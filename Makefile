@@ -81,7 +81,7 @@ feedback: setup
 
 check: setup
 	@test -n "$(NOTEBOOK)" || { echo "usage: make check NOTEBOOK=my-notebooks/00_setup/00_setup.ipynb"; exit 2; }
-	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/nbgrader validate "$(NOTEBOOK)"
+	$(PY) autograder/check.py "$(NOTEBOOK)"
 
 bench: setup
 	$(PY) -m zerocourse.bench

@@ -48,3 +48,25 @@ class GuardGradedCells(Preprocessor):
         if cell.get("cell_type") == "code" and meta.get("grade") and not meta.get("solution"):
             cell["source"] = GUARD + cell["source"]
         return cell, resources
+
+
+def mark_pending(page: str, pending: dict[str, float]) -> str:
+    """Feedback HTML with each not-yet-graded written answer shown as "awaiting manual
+    grading" instead of "Score: 0.0 / 2.0" (nbgrader scores it 0 until a person grades it).
+
+    Args:
+        page: the feedback HTML nbgrader wrote.
+        pending: grade_id -> points of the answers that still need a person.
+    """
+    import re
+    for gid, points in pending.items():
+        g = re.escape(gid)
+        note = f"awaiting manual grading ({points:g} points)"
+        page = re.sub(rf'(<a href="#{g}">[^<]*</a> )\(Score: [^)]*\)', rf"\1({note})", page)
+        page = re.sub(rf'(<a name="{g}"></a>.*?)Score: [0-9.]+ / [0-9.]+', rf"\1{note}", page,
+                      count=1, flags=re.S)
+    if pending:
+        total = sum(pending.values())
+        page = re.sub(r"(<h4>[^<]*\(Score: [0-9.]+ / [0-9.]+)\)",
+                      rf"\1; {total:g} points await manual grading)", page, count=1)
+    return page

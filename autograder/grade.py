@@ -20,6 +20,8 @@ import argparse
 import csv
 import json
 import os
+import re
+import stat
 import shutil
 import sys
 import tempfile
@@ -28,23 +30,66 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from autograder.nbgrader_run import ROOT, assignments, nbgrader  # noqa: E402
 
-FIELDS = ["student_id", "assignment_id", "score", "max_score", "status", "seconds"]
+FIELDS = ["student_id", "assignment_id", "score", "max_score", "pending_manual", "status", "seconds"]
+
+
+# Ids reach nbgrader's command line, where --student is a glob and spaces are stripped.
+ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@+-]{0,63}$")
+MAX_BYTES = int(os.environ.get("ZEROCOURSE_MAX_SUBMISSION_BYTES", 20 << 20))
+
+
+def refuse_id(kind: str, value: str) -> str | None:
+    """Why an id cannot be graded safely, or None: no globs, paths, spaces or leading '-'."""
+    if ID_RE.match(value):
+        return None
+    return (f"refused: {kind} id {value!r} is not a plain name (letters, digits, _ . @ + -, "
+            f"starting with a letter or digit, at most 64 characters); rename the folder")
 
 
 def _preflight(path: str) -> str | None:
     """Why this file cannot be autograded, or None when it looks like a notebook."""
-    if not os.path.isfile(path):
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
         return "missing notebook"
-    if os.path.getsize(path) == 0:
+    if stat.S_ISLNK(st.st_mode):
+        return "refused: the notebook is a symbolic link; submit the file itself"
+    if not stat.S_ISREG(st.st_mode):
+        return "refused: the notebook is not a regular file"
+    if st.st_size == 0:
         return "empty file"
+    if st.st_size > MAX_BYTES:
+        return (f"refused: the notebook is {st.st_size / 2**20:.1f} MiB, over the "
+                f"{MAX_BYTES / 2**20:.0f} MiB limit; clear its outputs (Edit > Clear Outputs)")
     try:
         with open(path, encoding="utf-8") as f:
             nb = json.load(f)
-    except (ValueError, UnicodeDecodeError) as e:
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:
         return f"not valid JSON ({e.__class__.__name__}: {str(e)[:80]})"
-    if not isinstance(nb, dict) or not isinstance(nb.get("cells"), list):
+    if not isinstance(nb, dict) or not isinstance(nb.get("cells"), list) or \
+            not all(isinstance(c, dict) for c in nb["cells"]):
         return "not a Jupyter notebook (no cells)"
     return None
+
+
+def repair(nb: dict) -> list[str]:
+    """Fix what a learner does by accident; returns notes for the status column.
+
+    A copied cell keeps its nbgrader grade_id, and nbgrader then refuses the whole
+    notebook: every copy after the first becomes a plain cell (it still runs).
+    """
+    notes, seen = [], set()
+    for cell in nb["cells"]:
+        meta = cell.get("metadata")
+        grader = meta.get("nbgrader") if isinstance(meta, dict) else None
+        if not isinstance(grader, dict):
+            continue
+        gid = grader.get("grade_id")
+        if gid in seen:
+            del meta["nbgrader"]
+            notes.append(f"cell {gid!r} appeared twice: the copy was graded as a plain cell")
+        seen.add(gid)
+    return notes
 
 
 def _max_score(db_path: str, aid: str) -> float:
@@ -116,33 +161,155 @@ def remove_cgroup(path: str | None) -> None:
         pass
 
 
-def sandbox_env(out: str, submissions: str, work: str) -> dict:
-    """Environment that makes nbgrader start this submission's kernel in the sandbox
-    (autograder/sandbox_kernel.py): a python3 kernelspec of our own, Unix-socket transport."""
+def kernel_env(base: str, sandbox: bool, slot: int = 0) -> dict:
+    """Folders and kernelspecs for one submission's two kernels (learner, verdict).
+
+    Everything a kernel may write is under base/l (learner), base/v (verdict) and base/r
+    (the learner's socket); the kernelspecs (base/specs) and nbgrader's runtime folder
+    (base/rt) are outside every sandbox, so nothing a kernel writes changes how the next
+    kernel starts. As root, each kernel gets a user of its own (two per slot).
+    """
+    dirs = {k: os.path.join(base, k) for k in ("l", "v", "r", "specs", "rt")}
+    for d in dirs.values():
+        os.makedirs(d, exist_ok=True)
+    uids = {"learner": 60000 + 2 * slot, "verdict": 60001 + 2 * slot}
+    if sandbox and os.geteuid() == 0:
+        for key, role in (("l", "learner"), ("r", "learner"), ("v", "verdict")):
+            os.chown(dirs[key], uids[role], uids[role])
+    os.chmod(dirs["r"], 0o755)
+    specs = os.path.join(dirs["specs"], "kernels")
+    sandbox_py = os.path.join(ROOT, "autograder", "sandbox_kernel.py")
+    for name, role in (("python3", "learner"), ("zc-verdict", "verdict")):
+        os.makedirs(os.path.join(specs, name), exist_ok=True)
+        argv = ([sys.executable, sandbox_py, "--role", role] if sandbox else
+                [sys.executable, "-m", "ipykernel_launcher"]) + ["-f", "{connection_file}"]
+        spec = {"argv": argv, "display_name": f"Python 3 ({role})", "language": "python",
+                # Interrupts travel as a message: a signal to the launcher would stop at bwrap.
+                "interrupt_mode": "message" if sandbox else "signal",
+                "env": {"PYTHONPATH": ROOT} if role == "verdict" else {}}
+        if role == "verdict":
+            # The launcher's trusted mode: nothing a rank sends is unpickled there.
+            spec["env"]["ZEROCOURSE_TRUSTED"] = "1"
+        with open(os.path.join(specs, name, "kernel.json"), "w") as f:
+            json.dump(spec, f)
+    env = {"JUPYTER_PATH": dirs["specs"], "JUPYTER_RUNTIME_DIR": dirs["rt"],
+           "JUPYTER_CONFIG_DIR": dirs["specs"], "JUPYTER_DATA_DIR": dirs["specs"],
+           "ZEROCOURSE_RPC_DIR": dirs["r"]}
+    if not sandbox:
+        return env
     if shutil.which("bwrap") is None:
         raise SystemExit("make grade runs each submission in a bubblewrap sandbox, and bwrap is "
                          "not installed: `sudo apt-get install bubblewrap` (Debian/Ubuntu), or "
                          "grade unsandboxed with ZEROCOURSE_SANDBOX=0 (trusted submissions only)")
-    spec_dir = os.path.join(work, "jupyter", "kernels", "python3")
-    os.makedirs(spec_dir, exist_ok=True)
-    with open(os.path.join(spec_dir, "kernel.json"), "w") as f:
-        json.dump({"argv": [sys.executable, os.path.join(ROOT, "autograder", "sandbox_kernel.py"),
-                            "-f", "{connection_file}"],
-                   # Interrupts travel as a message: a signal to the launcher would stop at bwrap.
-                   "interrupt_mode": "message",
-                   "display_name": "Python 3 (sandboxed)", "language": "python"}, f)
-    hide = [os.path.join(ROOT, "solutions"), os.path.join(ROOT, "tests"), os.path.join(ROOT, ".git"),
-            os.path.join(ROOT, "autograder", "gradebook.db"), out, submissions]
-    return {"JUPYTER_PATH": os.path.join(work, "jupyter"),
-            "JUPYTER_RUNTIME_DIR": os.path.join(work, "runtime"),
-            "ZC_SANDBOX_WORK": work,
-            "ZC_SANDBOX_HIDE": os.pathsep.join(hide),
-            "ZC_SANDBOX_KEEP": os.pathsep.join(sorted({ROOT, sys.prefix, sys.base_prefix,
-                                                       os.path.realpath(sys.executable)})),
-            # RLIMIT_NPROC counts all of this user's tasks: allow the ones running now + 200
-            # (a 4-rank launch needs ~60 with their threads).
-            "ZC_SANDBOX_NPROC": str(_user_tasks() + 200),
-            "ZC_SANDBOX_MEM": os.environ.get("ZC_SANDBOX_MEM", str(4 << 30))}
+    from autograder.sandbox_kernel import readonly_paths
+    env.update({
+        "ZC_LEARNER_WORK": dirs["l"], "ZC_VERDICT_WORK": dirs["v"], "ZC_SANDBOX_SHARED": dirs["r"],
+        "ZC_LEARNER_UID": str(uids["learner"]), "ZC_VERDICT_UID": str(uids["verdict"]),
+        "ZC_SANDBOX_RO": os.pathsep.join(readonly_paths(ROOT)),
+        # RLIMIT_NPROC counts all of this user's tasks: its own user has none but these.
+        "ZC_SANDBOX_NPROC": str(200 if os.geteuid() == 0 else _user_tasks() + 200),
+        "ZC_SANDBOX_MEM": os.environ.get("ZC_SANDBOX_MEM", str(4 << 30)),
+        # The kernels talk to nbgrader over Unix sockets in their own folders.
+        "ZEROCOURSE_KERNEL_IPC": os.path.join(dirs["l"], "k"),
+        "ZEROCOURSE_VERDICT_IPC": os.path.join(dirs["v"], "k")})
+    return env
+
+
+def gradebook_rows(db_path: str) -> dict:
+    """Every grade and comment in the gradebook, keyed by (student, assignment, cell)."""
+    import sqlite3
+    if not os.path.exists(db_path):
+        return {}
+    query = ("SELECT sa.student_id, a.name, bc.name, {cols} FROM {table} x "
+             "JOIN submitted_notebook sn ON x.notebook_id = sn.id "
+             "JOIN submitted_assignment sa ON sn.assignment_id = sa.id "
+             "JOIN assignment a ON sa.assignment_id = a.id "
+             "JOIN base_cell bc ON x.cell_id = bc.id")
+    rows = {}
+    with sqlite3.connect(db_path) as db:
+        for table, cols in (("grade", "x.auto_score, x.manual_score, x.extra_credit"),
+                            ("comment", "x.auto_comment, x.manual_comment")):
+            for r in db.execute(query.format(table=table, cols=cols)):
+                rows[(r[0], r[1], r[2], table)] = r[3:]
+    return rows
+
+
+def _others_changed(before: dict, after: dict, sid: str) -> list:
+    keys = {k for k in set(before) | set(after) if k[0] != sid}
+    return sorted(k for k in keys if before.get(k) != after.get(k))
+
+
+def pending_cells(db_path: str, aid: str, sid: str) -> dict[str, float]:
+    """grade_id -> points of this submission's answers that wait for a person."""
+    from nbgrader.api import Gradebook, MissingEntry
+    with Gradebook("sqlite:///" + db_path) as gb:
+        try:
+            sub = gb.find_submission(aid, sid)
+        except MissingEntry:
+            return {}
+        return {g.name: float(g.max_score) for nb in sub.notebooks for g in nb.grades
+                if g.needs_manual_grade}
+
+
+def pending_manual(db_path: str, aid: str, sid: str) -> float:
+    """Points of this submission that wait for a person (written answers not yet graded)."""
+    return sum(pending_cells(db_path, aid, sid).values())
+
+
+def feedback(out: str, env: dict, aid: str, sids: list[str]) -> list[str]:
+    """nbgrader's feedback for `sids` (hidden tests removed), pending answers marked;
+    returns the students who got none."""
+    from autograder.feedback import mark_pending
+    proc = nbgrader("generate_feedback", aid, "--force", env=env, timeout=600)
+    with open(os.path.join(out, "logs", f"feedback-{aid}.log"), "w") as f:
+        f.write(proc.stdout + proc.stderr)
+    db_path, missing = os.path.join(out, "gradebook.db"), []
+    for sid in sids:
+        page = os.path.join(out, "feedback", sid, aid, f"{aid}.html")
+        if not os.path.exists(page):
+            missing.append(sid)
+            continue
+        pending = pending_cells(db_path, aid, sid)
+        if pending:
+            with open(page, encoding="utf-8") as f:
+                text = mark_pending(f.read(), pending)
+            with open(page, "w", encoding="utf-8") as f:
+                f.write(text)
+    return missing
+
+
+def _grade_one(sid, aid, nb_path, out, env, timeout, sandbox, slot) -> tuple[str | None, str]:
+    """Autograde one submission; returns (why it was not graded or None, log text)."""
+    dst = os.path.join(out, "submitted", sid, aid)
+    shutil.rmtree(dst, ignore_errors=True)
+    os.makedirs(dst)
+    with open(nb_path, encoding="utf-8") as f:
+        nb = json.load(f)
+    notes = repair(nb)
+    with open(os.path.join(dst, f"{aid}.ipynb"), "w", encoding="utf-8") as f:
+        json.dump(nb, f)
+    step = ["autograde", aid, "--student", sid, "--create", "--force"]
+    # A short private folder: Unix socket paths must stay under ~100 characters.
+    base = tempfile.mkdtemp(prefix="zcsb-")
+    run_env = dict(env, **kernel_env(base, sandbox, slot))
+    cgroup = make_pids_cgroup() if sandbox else None
+    if cgroup:
+        run_env["ZC_SANDBOX_CGROUP"] = cgroup
+    try:
+        proc = nbgrader(*step, env=run_env, timeout=timeout)
+        log = f"$ nbgrader {' '.join(step)}\n{proc.stdout}{proc.stderr}"
+        if proc.returncode != 0:
+            why = f"nbgrader autograde failed (see logs/{sid}-{aid}.log)"
+        else:
+            why = None
+    except Exception as e:  # subprocess.TimeoutExpired and friends
+        log, why = f"$ nbgrader {' '.join(step)}\n{e}", f"grading stopped: {type(e).__name__}"
+    finally:
+        remove_cgroup(cgroup)
+        shutil.rmtree(base, ignore_errors=True)
+    if notes:
+        why = "; ".join(([why] if why else ["graded"]) + notes)
+    return why, log
 
 
 def grade(submissions: str, out: str, timeout: float = 1200.0, sandbox: bool = True) -> list[dict]:
@@ -152,7 +319,7 @@ def grade(submissions: str, out: str, timeout: float = 1200.0, sandbox: bool = T
         submissions: folder laid out <student_id>/<assignment_id>/<assignment_id>.ipynb.
         out: output folder (created; reused across runs, the gradebook keeps growing).
         timeout: seconds one submission's autograde may take in all.
-        sandbox: run each submission's kernel in the bubblewrap sandbox (autograder/sandbox_kernel.py).
+        sandbox: run each submission's kernels in the bubblewrap sandbox (autograder/sandbox_kernel.py).
     """
     submissions, out = os.path.abspath(submissions), os.path.abspath(out)
     if not os.path.isdir(submissions):
@@ -161,102 +328,111 @@ def grade(submissions: str, out: str, timeout: float = 1200.0, sandbox: bool = T
     if out == submissions or out.startswith(submissions + os.sep):
         raise SystemExit("OUT must be outside SUBMISSIONS (grading must not touch the submissions)")
     os.makedirs(os.path.join(out, "logs"), exist_ok=True)
-    link = os.path.join(out, "solutions")
-    if not os.path.islink(link):
-        os.symlink(os.path.join(ROOT, "solutions"), link)
+    old_link = os.path.join(out, "solutions")
+    if os.path.islink(old_link):          # OUT folders of earlier versions linked solutions/ here
+        os.unlink(old_link)
     db_path = os.path.join(out, "gradebook.db")
-    env = {"ZEROCOURSE_NBGRADER_ROOT": out, "ZEROCOURSE_GRADEBOOK": "sqlite:///" + db_path}
+    env = {"ZEROCOURSE_NBGRADER_ROOT": out, "ZEROCOURSE_GRADEBOOK": "sqlite:///" + db_path,
+           "ZEROCOURSE_RELEASE_DIR": os.path.join(out, "release")}
     known = set(assignments())
 
     work = []
     for sid in sorted(os.listdir(submissions)):
         sdir = os.path.join(submissions, sid)
-        if not os.path.isdir(sdir) or sid.startswith("."):
+        if sid.startswith(".") or not os.path.isdir(sdir):
             continue
-        for aid in sorted(os.listdir(sdir)):
-            if os.path.isdir(os.path.join(sdir, aid)) and not aid.startswith("."):
+        for aid in sorted(os.listdir(sdir)) if not os.path.islink(sdir) else [""]:
+            adir = os.path.join(sdir, aid)
+            if not aid or (os.path.isdir(adir) and not aid.startswith(".")):
                 work.append((sid, aid))
 
     registered = set()
-    graded: dict[str, list[str]] = {}
     rows = []
     for sid, aid in work:
         t0 = time.monotonic()
         row = {"student_id": sid, "assignment_id": aid, "score": 0.0, "max_score": "",
-               "status": "graded", "seconds": 0.0}
-        nb_path = os.path.join(submissions, sid, aid, f"{aid}.ipynb")
-        why = None
-        if aid not in known:
-            why = f"unknown assignment id {aid!r} (course has {sorted(known)})"
-        else:
-            why = _preflight(nb_path)
-        if why is None and aid not in registered:
-            proc = nbgrader("generate_assignment", aid, "--force",
-                            f"--CourseDirectory.release_directory={os.path.join(out, 'release')}",
-                            env=env, timeout=600)
-            if proc.returncode != 0:
-                raise SystemExit(f"cannot register {aid} in the gradebook:\n{proc.stderr[-3000:]}")
-            registered.add(aid)
-        if aid in registered:
-            row["max_score"] = _max_score(db_path, aid)
-        if why is None:
-            dst = os.path.join(out, "submitted", sid, aid)
-            shutil.rmtree(dst, ignore_errors=True)
-            os.makedirs(dst)
-            shutil.copy2(nb_path, os.path.join(dst, f"{aid}.ipynb"))
-            step = ["autograde", aid, "--student", sid, "--create", "--force"]
-            # A short private folder: Unix socket paths must stay under ~100 characters.
-            work = tempfile.mkdtemp(prefix="zcsb-")
-            run_env = dict(env)
-            cgroup = None
-            if sandbox:
-                run_env.update(sandbox_env(out, submissions, work))
-                run_env["ZEROCOURSE_KERNEL_IPC"] = os.path.join(work, "k")
-                cgroup = make_pids_cgroup()
-                if cgroup:
-                    run_env["ZC_SANDBOX_CGROUP"] = cgroup
-            try:
-                proc = nbgrader(*step, env=run_env, timeout=timeout)
-                log = f"$ nbgrader {' '.join(step)}\n{proc.stdout}{proc.stderr}"
-                if "DeadKernelError" in log or "Kernel died" in log:
-                    # nbgrader stops a notebook whose kernel died (os.abort, a segfault, the
-                    # memory limit): nothing after it was run, so nothing after it passes.
-                    why = (f"kernel died while running the notebook (os.abort, a crash or a "
-                           f"limit): no test counted; see logs/{sid}-{aid}.log")
-                elif proc.returncode != 0:
-                    why = f"nbgrader autograde failed (see logs/{sid}-{aid}.log)"
-                else:
-                    graded.setdefault(aid, []).append(sid)
-            except Exception as e:  # subprocess.TimeoutExpired and friends
-                log, why = f"$ nbgrader {' '.join(step)}\n{e}", f"grading stopped: {type(e).__name__}"
-            finally:
-                remove_cgroup(cgroup)
-                shutil.rmtree(work, ignore_errors=True)
-            with open(os.path.join(out, "logs", f"{sid}-{aid}.log"), "w") as f:
-                f.write(log)
-            score = _score(db_path, aid, sid)
-            if score is not None:
-                row["score"] = score
+               "pending_manual": 0.0, "status": "graded", "seconds": 0.0}
+        try:
+            why = _intake(submissions, sid, aid, known)
+            if why is None and aid not in registered:
+                proc = nbgrader("generate_assignment", aid, "--force",
+                                f"--CourseDirectory.release_directory={os.path.join(out, 'release')}",
+                                env=env, timeout=600)
+                if proc.returncode != 0:
+                    raise SystemExit(f"cannot register {aid} in the gradebook:\n{proc.stderr[-3000:]}")
+                registered.add(aid)
+            if aid in registered:
+                row["max_score"] = _max_score(db_path, aid)
+            if why is None:
+                before = gradebook_rows(db_path)
+                why, log = _grade_one(sid, aid, os.path.join(submissions, sid, aid, f"{aid}.ipynb"),
+                                      out, env, timeout, sandbox, slot=0)
+                with open(os.path.join(out, "logs", f"{sid}-{aid}.log"), "w") as f:
+                    f.write(log)
+                changed = _others_changed(before, gradebook_rows(db_path), sid)
+                if changed:
+                    raise SystemExit(f"STOPPED: grading {sid}/{aid} changed other students' "
+                                     f"gradebook rows {changed[:5]}; restore {db_path} from a "
+                                     f"backup and report this submission")
+                score = _score(db_path, aid, sid)
+                if score is not None:
+                    row["score"] = score
+                    row["pending_manual"] = pending_manual(db_path, aid, sid)
+        except SystemExit:
+            raise
+        except Exception as e:  # noqa: BLE001 - one submission never stops the class
+            why = f"grading error: {type(e).__name__}: {str(e)[:200]}"
         if why is not None:
             row["status"] = why
+        elif row["pending_manual"]:
+            row["status"] = f"graded; {row['pending_manual']:g} points await manual grading"
         row["seconds"] = round(time.monotonic() - t0, 1)
         rows.append(row)
+        _progress(row, len(rows), len(work))
 
+    graded = {}
+    for row in rows:
+        if row["status"].startswith("graded"):
+            graded.setdefault(row["assignment_id"], []).append(row["student_id"])
     # Feedback for everyone graded, one nbgrader run per assignment (hidden tests removed).
     for aid, sids in graded.items():
-        proc = nbgrader("generate_feedback", aid, "--force", env=env, timeout=600)
-        with open(os.path.join(out, "logs", f"feedback-{aid}.log"), "w") as f:
-            f.write(proc.stdout + proc.stderr)
+        missing = feedback(out, env, aid, sids)
         for row in rows:
-            if row["assignment_id"] == aid and row["student_id"] in sids and not os.path.exists(
-                    os.path.join(out, "feedback", row["student_id"], aid, f"{aid}.html")):
+            if row["assignment_id"] == aid and row["student_id"] in missing:
                 row["status"] += f"; no feedback generated (see logs/feedback-{aid}.log)"
+    _write_rows(out, rows)
+    return rows
 
+
+def _intake(submissions: str, sid: str, aid: str, known: set) -> str | None:
+    """Why this submission cannot be graded, or None."""
+    why = refuse_id("student", sid) or (refuse_id("assignment", aid) if aid else None)
+    if why:
+        return why
+    sdir, adir = os.path.join(submissions, sid), os.path.join(submissions, sid, aid)
+    if os.path.islink(sdir) or not aid or os.path.islink(adir):
+        return "refused: a folder of the submission is a symbolic link"
+    if aid not in known:
+        return f"unknown assignment id {aid!r} (course has {sorted(known)})"
+    return _preflight(os.path.join(adir, f"{aid}.ipynb"))
+
+
+def _progress(row: dict, done: int, total: int, started=[None]) -> None:  # noqa: B006
+    """One line per submission as it finishes, with an estimate of the time left."""
+    now = time.monotonic()
+    if started[0] is None or done == 1:
+        started[0] = now - row["seconds"]
+    left = (now - started[0]) / done * (total - done)
+    print(f"[{done}/{total}] {row['student_id']} {row['assignment_id']}: "
+          f"{row['score']:g}/{row['max_score'] or '?'} in {row['seconds']}s ({row['status']}); "
+          f"about {left:.0f} s left", flush=True)
+
+
+def _write_rows(out: str, rows: list[dict]) -> None:
     with open(os.path.join(out, "grades.csv"), "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=FIELDS)
+        writer = csv.DictWriter(f, fieldnames=FIELDS, extrasaction="ignore")
         writer.writeheader()
         writer.writerows(rows)
-    return rows
 
 
 def refresh(out: str) -> list[dict]:
@@ -278,20 +454,19 @@ def refresh(out: str) -> list[dict]:
         graded = {(s.student.id, s.assignment.name): (float(s.score), float(s.max_score))
                   for a in gb.assignments for s in a.submissions}
     for aid in sorted({a for _, a in graded}):
-        proc = nbgrader("generate_feedback", aid, "--force", env=env, timeout=600)
-        with open(os.path.join(out, "logs", f"feedback-{aid}.log"), "w") as f:
-            f.write(proc.stdout + proc.stderr)
+        feedback(out, env, aid, sorted(s for s, a in graded if a == aid))
     rows = []
     for key in sorted(set(old) | set(graded)):
         row = dict(old.get(key) or {"student_id": key[0], "assignment_id": key[1],
                                     "status": "graded", "seconds": ""})
         if key in graded:
             row["score"], row["max_score"] = graded[key]
+            row["pending_manual"] = pending_manual(db_path, key[1], key[0])
+            if row["status"].startswith("graded"):
+                row["status"] = (f"graded; {row['pending_manual']:g} points await manual grading"
+                                 if row["pending_manual"] else "graded")
         rows.append(row)
-    with open(os.path.join(out, "grades.csv"), "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=FIELDS)
-        writer.writeheader()
-        writer.writerows(rows)
+    _write_rows(out, rows)
     return rows
 
 

@@ -15,7 +15,8 @@ _here = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(_here))    # for autograder.feedback
 c.CourseDirectory.course_id = "zero-by-hand"
 c.CourseDirectory.root = os.environ.get("ZEROCOURSE_NBGRADER_ROOT", os.path.dirname(_here))
-c.CourseDirectory.source_directory = "solutions"
+# Absolute: a grading OUT folder needs no solutions/ (nor a link to it) beside feedback/.
+c.CourseDirectory.source_directory = os.path.join(os.path.dirname(_here), "solutions")
 c.CourseDirectory.release_directory = "notebooks"
 c.CourseDirectory.db_url = os.environ.get(
     "ZEROCOURSE_GRADEBOOK", "sqlite:///" + os.path.join(_here, "gradebook.db"))
@@ -25,6 +26,7 @@ c.CourseDirectory.db_url = os.environ.get(
 # failure, so one cell never waits for more than one launch timeout.
 c.Execute.timeout = int(os.environ.get("ZEROCOURSE_CELL_TIMEOUT", 150))
 c.Execute.interrupt_on_timeout = True
+c.SplitExecute.timeout = c.Execute.timeout
 
 # Sandboxed grading (autograder/grade.py sets these): the kernel lives in its own network
 # namespace, so it talks to nbgrader over Unix sockets instead of TCP.
@@ -32,11 +34,11 @@ if os.environ.get("ZEROCOURSE_KERNEL_IPC"):
     c.KernelManager.transport = "ipc"
     c.KernelManager.ip = os.environ["ZEROCOURSE_KERNEL_IPC"]
 
-# Before every graded test cell: fail it if the learner's cells replaced the course's
-# instruments (zerocourse.checks, .comm, .launch, ...) or Python's builtins.
+# Graded test cells run in a verdict kernel that never runs learner code, the rest in the
+# learner's kernel (autograder/split_execute.py): the score comes from code the learner
+# never touched.
 c.Autograde.autograde_preprocessors = [
-    "autograder.feedback.GuardGradedCells",
-    "nbgrader.preprocessors.Execute",
+    "autograder.split_execute.SplitExecute",
     "nbgrader.preprocessors.IgnorePattern",
     "nbconvert.preprocessors.ClearMetadataPreprocessor",
     "nbgrader.preprocessors.LimitOutput",

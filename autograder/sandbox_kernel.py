@@ -1,28 +1,31 @@
 """Start an IPython kernel inside a sandbox: the kernel command of graded notebooks.
 
-`make grade` installs a kernelspec named python3 whose argv is
-    python sandbox_kernel.py -f {connection_file}
-so every submission's kernel (and the ranks it launches) runs under bubblewrap:
+`autograder/grade.py` installs two kernelspecs whose argv is
+    python sandbox_kernel.py --role learner|verdict -f {connection_file}
+(the learner kernel runs the submission's cells; the verdict kernel runs the tests,
+see autograder/split_execute.py). Each runs under bubblewrap:
 
+- an allow-list file system: only the system's programs and libraries (/usr, /etc),
+  Python and the course's .venv, `zerocourse/`, `data/` and `autograder/` (read-only)
+  exist inside; solutions/, tests/, other checkouts, home folders, the grading folder
+  and every other submission do not. /tmp is private; the kernel's own folder is the
+  only writable one (plus, for the two kernels, the folder of their socket);
+- as root, the kernel runs as an unprivileged user of its own (ZC_<ROLE>_UID; the two
+  kernels of one submission get different ones), with no capabilities and
+  no_new_privs, so it cannot signal, trace or read the other kernel or anything of root;
 - no network: a fresh network namespace with only loopback (gloo ranks still talk);
 - its own PID namespace: when the kernel goes, every process it started goes too;
-- a read-only view of the machine, with the course's secrets hidden (solutions/,
-  tests/, the grading folder with the gradebook and other students' work, the
-  submissions folder) and a private /tmp; the only writable folder is its own;
-- no capabilities, and rlimits: address space per process (ZC_SANDBOX_MEM, bytes),
-  processes of the user (ZC_SANDBOX_NPROC), CPU seconds per process (ZC_SANDBOX_CPU),
-  file size (ZC_SANDBOX_FSIZE);
-- where the cgroup v1 pids controller is writable (ZC_SANDBOX_CGROUP, made by grade.py),
-  a cap on the processes and threads of the whole submission: RLIMIT_NPROC alone does
-  not stop a fork bomb run by root.
+- rlimits: address space per process (ZC_SANDBOX_MEM, bytes), processes of the user
+  (ZC_SANDBOX_NPROC), CPU seconds per process (ZC_SANDBOX_CPU), file size
+  (ZC_SANDBOX_FSIZE); where the cgroup v1 pids controller is writable
+  (ZC_SANDBOX_CGROUP, made by grade.py), a cap on the tasks of the whole submission.
 
-The kernel talks to nbgrader over Unix sockets (transport=ipc) in its folder, since
-TCP on the host's loopback is out of reach from its network namespace.
+The kernel talks to nbgrader over Unix sockets (transport=ipc) in its folder.
 Configuration comes from the environment (set by autograder/grade.py):
-    ZC_SANDBOX_WORK   the submission's writable folder (also the kernel's cwd and HOME)
-    ZC_SANDBOX_HIDE   paths to hide, separated by os.pathsep
-    ZC_SANDBOX_KEEP   paths the kernel needs (the course, its Python), shown read-only even
-                      when they are under /tmp
+    ZC_<ROLE>_WORK    the kernel's writable folder (also its cwd and HOME)
+    ZC_<ROLE>_UID     the user id it runs as (only when started as root)
+    ZC_SANDBOX_SHARED a folder both kernels of a submission may write (their socket)
+    ZC_SANDBOX_RO     the paths shown read-only (os.pathsep-separated)
 """
 from __future__ import annotations
 
@@ -30,38 +33,76 @@ import os
 import shutil
 import sys
 
+SYSTEM = ("/usr", "/etc")            # programs, libraries, fonts, ld.so.cache
+MERGED = ("bin", "lib", "lib64", "sbin")     # /bin -> usr/bin on a merged-/usr system
+PASS_ENV = {"PATH", "LANG", "LC_ALL", "TZ", "PYTHONPATH", "NBGRADER_EXECUTION",
+            "NBGRADER_VALIDATING", "OMP_NUM_THREADS", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE"}
+PASS_PREFIX = ("ZEROCOURSE_", "TORCH_", "GLOO_")
 
-def _under(path: str, folder: str) -> bool:
-    path, folder = os.path.realpath(path), os.path.realpath(folder)
-    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
+
+def readonly_paths(root: str) -> list[str]:
+    """What a kernel needs to read: Python, the .venv, the course's package and data."""
+    paths = [sys.base_prefix, sys.prefix, os.path.dirname(os.path.realpath(sys.executable))]
+    paths += [os.path.join(root, d) for d in ("zerocourse", "data", "autograder")]
+    paths = sorted({os.path.realpath(p) for p in paths if os.path.exists(p)})
+    # A folder inside another one already shown needs no bind of its own.
+    return [p for p in paths if not any(p.startswith(q + os.sep) for q in paths)]
 
 
-def bwrap_command(argv_tail: list[str], env: dict) -> list[str]:
-    """The bwrap + prlimit command that runs `argv_tail` sandboxed."""
-    work = env["ZC_SANDBOX_WORK"]
-    cmd = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
-           "--tmpfs", "/tmp", "--tmpfs", "/dev/shm"]
-    # The course and its Python may live under /tmp (a CI clone): show them again, read-only.
-    keep = [p for p in env.get("ZC_SANDBOX_KEEP", "").split(os.pathsep) if p and os.path.exists(p)]
-    for path in keep:
-        if _under(path, "/tmp"):
-            cmd += ["--ro-bind", path, path]
-    for path in filter(None, env.get("ZC_SANDBOX_HIDE", "").split(os.pathsep)):
-        if _under(path, "/tmp") and not any(_under(path, k) for k in keep):
-            continue                                   # the private /tmp hides it already
+def bwrap_command(argv_tail: list[str], env: dict, role: str) -> list[str]:
+    """The bwrap (+ setpriv) + prlimit command that runs `argv_tail` sandboxed as `role`."""
+    key = role.upper()
+    work = env[f"ZC_{key}_WORK"]
+    cmd = ["bwrap", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", "/dev/shm",
+           "--ro-bind", "/sys", "/sys"]
+    for path in SYSTEM:
         if os.path.isdir(path):
-            cmd += ["--tmpfs", path, "--remount-ro", path]     # an empty, read-only folder
-        elif os.path.exists(path):
-            cmd += ["--ro-bind", "/dev/null", path]
-    cmd += ["--bind", work, work, "--chdir", work, "--setenv", "HOME", work,
-            "--setenv", "TMPDIR", "/tmp",
+            cmd += ["--ro-bind", path, path]
+    for name in MERGED:
+        path = "/" + name
+        if os.path.islink(path):
+            cmd += ["--symlink", os.readlink(path), path]
+        elif os.path.isdir(path):
+            cmd += ["--ro-bind", path, path]
+    made = set()
+
+    def parents(path):
+        # bwrap makes missing parent folders 0700 (root's): the kernel's user could not pass.
+        out, parts = [], path.strip("/").split("/")[:-1]
+        for i in range(len(parts)):
+            d = "/" + "/".join(parts[:i + 1])
+            if d not in made and d not in ("/usr", "/etc"):
+                made.add(d)
+                out += ["--perms", "0755", "--dir", d]
+        return out
+
+    for path in filter(None, env.get("ZC_SANDBOX_RO", "").split(os.pathsep)):
+        if os.path.exists(path):
+            cmd += parents(path) + ["--ro-bind", path, path]
+    # Never inside, even though autograder/ is: a gradebook an instructor keeps there.
+    gradebook = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gradebook.db")
+    if os.path.exists(gradebook):
+        cmd += ["--ro-bind", "/dev/null", gradebook]
+    shared = env.get("ZC_SANDBOX_SHARED")
+    if shared:
+        cmd += parents(shared) + ["--bind", shared, shared]
+    cmd += parents(work) + ["--bind", work, work, "--chdir", work, "--setenv", "HOME", work,
+            "--setenv", "TMPDIR", "/tmp", "--setenv", "USER", "learner",
             # c10d warns on every rank that 127.0.0.1 has no host name (no resolver here).
-            "--setenv", "TORCH_CPP_LOG_LEVEL", "ERROR", "--setenv", "MPLCONFIGDIR", os.path.join(work, ".mpl"),
+            "--setenv", "TORCH_CPP_LOG_LEVEL", "ERROR",
+            "--setenv", "MPLCONFIGDIR", os.path.join(work, ".mpl"),
             # ipykernel watches JPY_PARENT_PID, invisible from a new PID namespace;
             # --die-with-parent ties the kernel to nbgrader instead.
             "--unsetenv", "JPY_PARENT_PID",
             "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
-            "--die-with-parent", "--new-session", "--cap-drop", "ALL", "--"]
+            "--die-with-parent", "--new-session"]
+    uid = env.get(f"ZC_{key}_UID")
+    if os.geteuid() == 0 and uid and shutil.which("setpriv"):
+        # setpriv drops root for the kernel's own user: no capabilities, no setuid programs.
+        cmd += ["--", "setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
+                "--no-new-privs", "--inh-caps=-all", "--bounding-set=-all"]
+    else:
+        cmd += ["--cap-drop", "ALL", "--"]
     cmd += ["prlimit", f"--as={env.get('ZC_SANDBOX_MEM', 4 << 30)}",
             f"--nproc={env.get('ZC_SANDBOX_NPROC', 512)}",
             f"--cpu={env.get('ZC_SANDBOX_CPU', 900)}",
@@ -74,22 +115,35 @@ def main() -> None:
         sys.exit("sandbox_kernel: bubblewrap (bwrap) is not installed: `apt-get install "
                  "bubblewrap`, or grade without the sandbox (ZEROCOURSE_SANDBOX=0)")
     args = sys.argv[1:]
+    role = "learner"
+    if "--role" in args:
+        i = args.index("--role")
+        role = args[i + 1]
+        del args[i:i + 2]
+    key = role.upper()
+    work = os.environ[f"ZC_{key}_WORK"]
+    uid = os.environ.get(f"ZC_{key}_UID")
     if "-f" in args:
-        # The connection file lives in the host's /tmp, which the sandbox replaces by its
-        # own: hand the kernel a copy inside its folder.
+        # The connection file lives in the runtime folder, which the sandbox does not show:
+        # hand the kernel a copy inside its folder.
         i = args.index("-f") + 1
-        copy = os.path.join(os.environ["ZC_SANDBOX_WORK"], "connection.json")
+        copy = os.path.join(work, "connection.json")
         shutil.copyfile(args[i], copy)
+        if uid and os.geteuid() == 0:
+            os.chown(copy, int(uid), int(uid))
+        os.chmod(copy, 0o600)
         args[i] = copy
     cgroup = os.environ.get("ZC_SANDBOX_CGROUP")
     if cgroup:
         # Join the submission's pids cgroup: it caps processes + threads of everything the
-        # kernel starts, root or not (RLIMIT_NPROC does not bind root).
+        # kernel starts (RLIMIT_NPROC counts per user, machine-wide).
         with open(os.path.join(cgroup, "cgroup.procs"), "w") as f:
             f.write(str(os.getpid()))
     tail = [sys.executable, "-m", "ipykernel_launcher", *args]
-    cmd = bwrap_command(tail, dict(os.environ))
-    os.execvp(cmd[0], cmd)
+    cmd = bwrap_command(tail, dict(os.environ), role)
+    # The kernel sees only the variables it needs: nothing of the instructor's environment.
+    env = {k: v for k, v in os.environ.items() if k in PASS_ENV or k.startswith(PASS_PREFIX)}
+    os.execvpe(cmd[0], cmd, env)
 
 
 if __name__ == "__main__":

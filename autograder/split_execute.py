@@ -1,0 +1,304 @@
+"""Split grading: learner code runs in one kernel, verdicts are computed in another.
+
+nbgrader's own Execute runs every cell, tests included, in the learner's kernel and
+then reads the score off the outputs that kernel produced, which the learner's code
+can forge (IPython hooks, input transformers, exception handlers, patched torch or
+zerocourse, objects with a forged `__eq__`). `SplitExecute` replaces it:
+
+- the LEARNER kernel runs every cell except the graded test cells, as the learner
+  wrote them; it also serves the verdict kernel's questions (autograder/learner_rpc.py);
+- the VERDICT kernel never runs learner code. It runs the course's own definitions,
+  taken from the release copy on the grader's disk (not from the submission), and the
+  graded test cells, whose source nbgrader restored from the gradebook. The names the
+  assignment asks for are proxies into the learner kernel that carry plain data only
+  (autograder/verdict.py); its ranks run learner code in the launcher's trusted mode.
+
+So a test cell's outputs, and with them nbgrader's score, come from code the learner
+never touched; a trick in the learner kernel can only change what the learner's own
+functions return, which the tests then judge. Also here:
+- stderr in a test cell is not a failure (only an exception is): it is shown as stdout;
+- a test cell's printed output is reduced to the checks' ✅/❌ lines (ranks' prints,
+  which may quote anything, stay in the grader's log);
+- a learner cell that hangs beyond the cell timeout or kills its kernel costs only
+  itself: the learner kernel is restarted, the cells before it are run again, and
+  grading goes on.
+"""
+from __future__ import annotations
+
+import ast
+import builtins
+import json
+import os
+import re
+import tempfile
+
+import nbformat
+from nbclient.exceptions import CellTimeoutError, DeadKernelError
+from traitlets import Unicode
+
+from nbgrader.preprocessors import Execute
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+VERDICT_KERNEL = "zc-verdict"
+# Names IPython itself gives every kernel.
+_IPYTHON = {"display", "get_ipython", "In", "Out", "exit", "quit"}
+# What a test cell may show the learner: the checks' own lines.
+_CHECK_LINE = re.compile(r"^\s*(✅|❌)")
+
+
+def _meta(cell) -> dict:
+    return cell.get("metadata", {}).get("nbgrader", {}) or {}
+
+
+def is_test(cell) -> bool:
+    m = _meta(cell)
+    return cell.get("cell_type") == "code" and bool(m.get("grade")) and not m.get("solution")
+
+
+def _source(cell) -> str:
+    src = cell.get("source", "")
+    return "".join(src) if isinstance(src, list) else src
+
+
+def asked_names(release: dict) -> list[str]:
+    """The learner's names the tests may use: what the answer cells define, and every name
+    the course's cells read that no course cell binds (an answer cell's stub defines none)."""
+    names, bound, loads = [], set(), []
+    for cell in release["cells"]:
+        if cell.get("cell_type") != "code":
+            continue
+        try:
+            tree = ast.parse(_strip_magics(_source(cell)))
+        except SyntaxError:
+            continue
+        if _meta(cell).get("solution"):
+            names += [n for n in _top_level_bound(tree) if n not in names]
+            continue
+        bound |= set(_top_level_bound(tree))
+        loads += [n.id for n in ast.walk(tree) if isinstance(n, ast.Name)
+                  and isinstance(n.ctx, ast.Load)]
+    for n in loads:
+        if n not in bound and n not in names and not hasattr(builtins, n) and n not in _IPYTHON:
+            names.append(n)
+    return names
+
+
+def _top_level_bound(tree: ast.Module) -> list[str]:
+    """Names a cell binds at top level (defs, classes, imports, assignments, loop targets)."""
+    out = []
+    for stmt in tree.body:
+        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            out.append(stmt.name)
+        elif isinstance(stmt, (ast.Import, ast.ImportFrom)):
+            out += [(a.asname or a.name).split(".")[0] for a in stmt.names]
+        else:
+            for node in ast.walk(stmt):
+                if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                    out.append(node.id)
+                elif isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+                    out.append(node.name)
+    return out
+
+
+def _strip_magics(src: str) -> str:
+    return "\n".join("" if line.lstrip().startswith(("%", "!")) else line
+                     for line in src.splitlines())
+
+
+def course_cells(release: dict) -> list[tuple[str | None, str]]:
+    """(grade_id of a test cell or None, source) of the release copy's code cells that are
+    the course's own: instructor cells and test cells, never answer cells."""
+    out = []
+    for cell in release["cells"]:
+        if cell.get("cell_type") != "code" or _meta(cell).get("solution"):
+            continue
+        out.append((_meta(cell).get("grade_id") if is_test(cell) else None, _source(cell)))
+    return out
+
+
+def release_notebook(aid: str) -> dict:
+    """The release copy the verdict kernel trusts: ZEROCOURSE_RELEASE_DIR (grade.py points it
+    at the one it generated) or the course's notebooks/."""
+    base = os.environ.get("ZEROCOURSE_RELEASE_DIR") or os.path.join(ROOT, "notebooks")
+    with open(os.path.join(base, aid, f"{aid}.ipynb"), encoding="utf-8") as f:
+        return json.load(f)
+
+
+def clean_test_outputs(outputs: list) -> tuple[list, str]:
+    """(outputs the learner may see, the full text for the grader's log)."""
+    kept, log = [], []
+    for out in outputs:
+        kind = out.get("output_type")
+        if kind == "stream":
+            text = out.get("text", "")
+            log.append(text)
+            lines = [l for l in text.splitlines(keepends=True) if _CHECK_LINE.match(l)]
+            if lines:
+                # stderr is never a failure (nbgrader scores any stderr as 0): stdout it is
+                kept.append(nbformat.v4.new_output("stream", name="stdout", text="".join(lines)))
+        elif kind == "error":
+            log.append(f"{out.get('ename')}: {out.get('evalue')}\n")
+            # A rank's traceback and a long message (the learner's code wrote it) stay in the log.
+            evalue = out.get("evalue", "").split("--- traceback from rank")[0]
+            if len(evalue) > 1500:
+                evalue = evalue[:1500] + " [...]"
+            kept.append(nbformat.v4.new_output("error", ename=out.get("ename", "Error"),
+                                               evalue=evalue, traceback=[]))
+        elif kind == "display_data":
+            kept.append(out)              # figures drawn by the course's own checks
+        # execute_result: never (nbgrader would read it as partial credit)
+    return kept, "".join(log)
+
+
+class SplitExecute(Execute):
+    """nbgrader's Execute, with graded test cells run in a separate verdict kernel."""
+
+    verdict_kernel = Unicode(VERDICT_KERNEL, help="kernelspec of the verdict kernel").tag(config=True)
+    # Where the kernels' own stdout/stderr go (their start-up banner): None = inherited.
+    kernel_output = None
+
+    def preprocess(self, nb, resources=None, km=None):
+        from nbclient import NotebookClient
+        NotebookClient.__init__(self, nb, km)
+        self.reset_execution_trackers()
+        self._check_assign_resources(resources)
+        aid = (resources or {}).get("nbgrader", {}).get("assignment") or \
+            os.environ.get("ZEROCOURSE_ASSIGNMENT")
+        release = release_notebook(aid)
+        self._course = course_cells(release)
+        self._names = asked_names(release)
+        rpc_dir = os.environ.get("ZEROCOURSE_RPC_DIR") or tempfile.mkdtemp(prefix="zcrpc-")
+        self._socket = os.path.join(rpc_dir, "learner.sock")
+        self._done_a: list[int] = []          # learner cells run so far (replayed on restart)
+        self._verdict = Execute(config=self.config, kernel_name=self.verdict_kernel)
+        self._verdict.log = self.log
+        self._vnb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("")])
+        NotebookClient.__init__(self._verdict, self._vnb)
+        self._verdict.reset_execution_trackers()
+        self._verdict.resources = self.resources
+        self._start_learner()
+        try:
+            self._start_verdict()
+            try:
+                for index, cell in enumerate(self.nb.cells):
+                    if cell.get("cell_type") != "code":
+                        continue
+                    if is_test(cell):
+                        self._run_test(cell)
+                    else:
+                        self._run_learner(cell, index)
+            finally:
+                self._verdict._cleanup_kernel()
+        finally:
+            self._cleanup_kernel()
+        self.set_widgets_metadata()
+        return self.nb, self.resources
+
+    def _output_kwargs(self) -> dict:
+        out = self.kernel_output
+        return {} if out is None else {"stdout": out, "stderr": out}
+
+    # -- the learner kernel -------------------------------------------------------------
+    def _start_learner(self) -> None:
+        if self.km is None:
+            self.km = self.create_kernel_manager()
+        self.start_new_kernel(**self._output_kwargs())
+        self.start_new_kernel_client()
+        info = self.wait_for_reply(self.kc.kernel_info())
+        self.nb.metadata["language_info"] = info["content"]["language_info"]
+        boot = (f"def _zc_boot():\n"
+                f"    import importlib.util, sys\n"
+                f"    spec = importlib.util.spec_from_file_location('_zc_learner_rpc', "
+                f"{os.path.join(HERE, 'learner_rpc.py')!r})\n"
+                f"    mod = importlib.util.module_from_spec(spec); spec.loader.exec_module(mod)\n"
+                f"    mod.serve({self._socket!r}, get_ipython().user_ns)\n"
+                f"_zc_boot(); del _zc_boot\n")
+        self._hidden(self, boot, what="learner kernel start")
+
+    def _hidden(self, client, code: str, what: str):
+        """Run code the learner never sees; raise if it fails (a grading error, not a score)."""
+        cell = nbformat.v4.new_code_cell(code)
+        keep = client.nb.cells[0] if client.nb.cells else None
+        try:
+            client.execute_cell(cell, 0, store_history=False)
+        finally:
+            if keep is not None:
+                client.nb.cells[0] = keep
+        errors = [o for o in cell.outputs if o.get("output_type") == "error"]
+        if errors:
+            raise RuntimeError(f"{what} failed: {errors[0].get('ename')}: {errors[0].get('evalue')}")
+        return cell
+
+    def _run_learner(self, cell, index: int) -> None:
+        try:
+            self.preprocess_cell(cell, self.resources, index)
+            self._done_a.append(index)
+        except (CellTimeoutError, DeadKernelError) as e:
+            died = isinstance(e, DeadKernelError)
+            self.log.warning("learner cell %d %s: restarting the learner kernel", index,
+                             "killed its kernel" if died else "did not stop")
+            cell.outputs = [nbformat.v4.new_output(
+                "error", ename="CellTimeoutError" if not died else "DeadKernelError",
+                evalue=("this cell " + ("killed the kernel" if died else
+                        f"did not finish within {self.timeout} s and ignored the interrupt") +
+                        "; the grader restarted your kernel, ran the cells before it again "
+                        "and went on without it"),
+                traceback=[])]
+            self._restart_learner()
+
+    def _restart_learner(self) -> None:
+        try:
+            self._cleanup_kernel()
+        except Exception:  # noqa: BLE001 - it is being replaced
+            pass
+        self.km = self.kc = None
+        self._start_learner()
+        for index in list(self._done_a):
+            original = self.nb.cells[index]
+            replay = nbformat.v4.new_code_cell(_source(original))
+            try:
+                self.execute_cell(replay, index, store_history=False)
+            except (CellTimeoutError, DeadKernelError):
+                self._done_a.remove(index)      # it blocks now: leave it out, start again
+                self.nb.cells[index] = original
+                return self._restart_learner()
+            self.nb.cells[index] = original
+
+    # -- the verdict kernel -------------------------------------------------------------
+    def _start_verdict(self) -> None:
+        v = self._verdict
+        v.km = v.create_kernel_manager()
+        if os.environ.get("ZEROCOURSE_VERDICT_IPC"):     # its own folder, not the learner's
+            v.km.transport, v.km.ip = "ipc", os.environ["ZEROCOURSE_VERDICT_IPC"]
+        v.start_new_kernel(**self._output_kwargs())
+        v.start_new_kernel_client()
+        v.wait_for_reply(v.kc.kernel_info())
+        self._defined = 0                   # course cells whose definitions ran there
+        self._hidden(v, "import autograder.verdict as _zcv\n"
+                        f"_zcv.start({self._socket!r}, {self._names!r}, "
+                        f"timeout={max(10.0, float(self.timeout or 150) - 20)})\n",
+                     what="verdict kernel start")
+
+    def _run_test(self, cell) -> None:
+        gid = _meta(cell).get("grade_id")
+        ids = [g for g, _ in self._course]
+        upto = ids.index(gid) if gid in ids else len(self._course)
+        defs = [src for _, src in self._course[self._defined:upto]]
+        if defs:
+            self._hidden(self._verdict, f"_zc_errors = _zcv.load_definitions({defs!r}, globals())",
+                         what="course definitions")
+            self._defined = upto
+        run = nbformat.v4.new_code_cell("_zcv.sync(globals())\n" + _source(cell))
+        try:
+            self._verdict.execute_cell(run, 0, store_history=True)
+        except (CellTimeoutError, DeadKernelError) as e:
+            run.outputs = list(run.get("outputs", [])) + [nbformat.v4.new_output(
+                "error", ename=type(e).__name__, evalue=f"the test did not finish: {e}"[:500],
+                traceback=[])]
+            self._verdict._cleanup_kernel()
+            self._start_verdict()
+        kept, log = clean_test_outputs(run.get("outputs", []))
+        self.log.info("test cell %s, full output:\n%s", gid, log)
+        cell.outputs = kept
+        cell["execution_count"] = run.get("execution_count")

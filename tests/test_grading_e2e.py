@@ -1,0 +1,79 @@
+"""Every notebook through `make grade` and `make check`, as a learner's submission would go.
+
+The in-process harness (tests/harness.py) proves each notebook's tests on fixtures fast;
+this proves the real path: split grading (tests in the verdict kernel, learner names as
+stand-ins), the sandbox, nbgrader's gradebook and feedback. Each reference solution gets
+every autograded point (manual points pending), each blank release copy gets 0, and
+`make check` predicts it: exit 0 and full marks on a solution, exit 1 on the stubs.
+"""
+import csv
+import json
+import os
+import re
+import subprocess
+
+import pytest
+
+from autograder.nbgrader_run import assignments
+from tests.fixtures.make_submission import ROOT, load, solution_as_submission, write
+
+pytestmark = pytest.mark.timeout(2400)
+AIDS = assignments()
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    subs = tmp_path_factory.mktemp("e2e-submissions")
+    out = tmp_path_factory.mktemp("e2e-graded")
+    for aid in AIDS:
+        write(solution_as_submission(aid), subs, "ref", aid)
+        write(load("notebooks", aid), subs, "blank", aid)
+    proc = subprocess.run(["make", "-s", "grade", f"SUBMISSIONS={subs}", f"OUT={out}"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=2400)
+    print(proc.stdout, proc.stderr[-3000:], sep="\n")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with open(out / "grades.csv") as f:
+        return {(r["student_id"], r["assignment_id"]): r for r in csv.DictReader(f)}
+
+
+@pytest.mark.parametrize("aid", AIDS)
+def test_reference_gets_every_autograded_point(graded, aid):
+    row = graded[("ref", aid)]
+    score, top, pending = float(row["score"]), float(row["max_score"]), float(row["pending_manual"])
+    assert score == top - pending and score > 0, row
+    assert row["status"].startswith("graded"), row
+    if pending:
+        assert "await manual grading" in row["status"], row
+
+
+@pytest.mark.parametrize("aid", AIDS)
+def test_blank_copy_gets_nothing(graded, aid):
+    row = graded[("blank", aid)]
+    assert float(row["score"]) == 0, row
+
+
+def _check(path):
+    return subprocess.run(["make", "-s", "check", f"NOTEBOOK={path}"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=900)
+
+
+def test_check_predicts_full_marks(tmp_path):
+    nb = solution_as_submission("03_zero1")
+    path = tmp_path / "03_zero1" / "03_zero1.ipynb"
+    os.makedirs(path.parent)
+    path.write_text(json.dumps(nb))
+    proc = _check(path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert "would score" in proc.stdout and re.search(r"zero1-adam-check\s+2/2", proc.stdout)
+    assert "✅ every autograded point" in proc.stdout
+
+
+def test_check_fails_on_stubs_with_messages(tmp_path):
+    path = tmp_path / "00_setup" / "00_setup.ipynb"
+    os.makedirs(path.parent)
+    path.write_text(json.dumps(load("notebooks", "00_setup")))
+    proc = _check(path)
+    assert proc.returncode != 0
+    assert "setup-sum-of-ranks-check" in proc.stdout and "0/1" in proc.stdout
+    assert "NotImplementedError" in proc.stdout
+    assert "autograded point(s) lost" in proc.stdout
