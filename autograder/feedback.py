@@ -1,4 +1,4 @@
-"""Grading preprocessors: a guard before graded cells, and what a learner sees after grading.
+"""What a learner sees after grading: feedback without hidden tests, pending points marked.
 
 nbgrader's ClearHiddenTests removes hidden tests from a cell's SOURCE, but a failing
 hidden test's traceback (the cell's error output) still quotes the lines around the
@@ -31,22 +31,6 @@ class HideTestTracebacks(Preprocessor):
                 if out.get("output_type") == "error":
                     out["evalue"] = _short(out.get("evalue", ""))
                     out["traceback"] = [f"{out.get('ename', 'Error')}: {out['evalue']}"]
-        return cell, resources
-
-
-GUARD = '__import__("zerocourse.integrity", fromlist=["_"]).assert_untampered(globals())\n'
-
-
-class GuardGradedCells(Preprocessor):
-    """Before autograding: start every graded test cell with the tamper check
-    (zerocourse.integrity), so a notebook that forged the course's checks fails them."""
-
-    enabled = Bool(True).tag(config=True)
-
-    def preprocess_cell(self, cell, resources, index):
-        meta = cell.get("metadata", {}).get("nbgrader", {})
-        if cell.get("cell_type") == "code" and meta.get("grade") and not meta.get("solution"):
-            cell["source"] = GUARD + cell["source"]
         return cell, resources
 
 

@@ -31,6 +31,7 @@ import json
 import os
 import re
 import tempfile
+import time
 
 import nbformat
 from nbclient.exceptions import CellTimeoutError, DeadKernelError
@@ -41,6 +42,9 @@ from nbgrader.preprocessors import Execute
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 VERDICT_KERNEL = "zc-verdict"
+# After a cell timeout, how long an interrupted kernel may take to become idle again before
+# it counts as stuck and is restarted (a busy machine delivers interrupts late).
+SETTLE_S = 30
 # Names IPython itself gives every kernel.
 _IPYTHON = {"display", "get_ipython", "In", "Out", "exit", "quit"}
 # What a test cell may show the learner: the checks' own lines.
@@ -61,11 +65,16 @@ def _source(cell) -> str:
     return "".join(src) if isinstance(src, list) else src
 
 
-def asked_names(release: dict) -> list[str]:
+def asked_names(release: dict, tests: list | None = None) -> list[str]:
     """The learner's names the tests may use: what the answer cells define, and every name
-    the course's cells read that no course cell binds (an answer cell's stub defines none)."""
+    the course's cells read that no course cell binds (an answer cell's stub defines none).
+
+    Args:
+        release: the release copy (the course's cells, answer stubs, visible tests).
+        tests: the graded test cells as nbgrader restored them (hidden parts included).
+    """
     names, bound, loads = [], set(), []
-    for cell in release["cells"]:
+    for cell in list(release["cells"]) + list(tests or []):
         if cell.get("cell_type") != "code":
             continue
         try:
@@ -167,7 +176,7 @@ class SplitExecute(Execute):
             os.environ.get("ZEROCOURSE_ASSIGNMENT")
         release = release_notebook(aid)
         self._course = course_cells(release)
-        self._names = asked_names(release)
+        self._names = asked_names(release, [c for c in nb.cells if is_test(c)])
         rpc_dir = os.environ.get("ZEROCOURSE_RPC_DIR") or tempfile.mkdtemp(prefix="zcrpc-")
         self._socket = os.path.join(rpc_dir, "learner.sock")
         self._done_a: list[int] = []          # learner cells run so far (replayed on restart)
@@ -177,21 +186,29 @@ class SplitExecute(Execute):
         NotebookClient.__init__(self._verdict, self._vnb)
         self._verdict.reset_execution_trackers()
         self._verdict.resources = self.resources
+        t0 = time.monotonic()
+        spent = {"learner": 0.0, "tests": 0.0}
         self._start_learner()
         try:
-            self._start_verdict()
+            self._start_verdict()       # imports torch and starts its ranks' server meanwhile
+            self.log.info("split grading: both kernels up in %.1f s", time.monotonic() - t0)
             try:
                 for index, cell in enumerate(self.nb.cells):
                     if cell.get("cell_type") != "code":
                         continue
+                    t = time.monotonic()
                     if is_test(cell):
                         self._run_test(cell)
+                        spent["tests"] += time.monotonic() - t
                     else:
                         self._run_learner(cell, index)
+                        spent["learner"] += time.monotonic() - t
             finally:
                 self._verdict._cleanup_kernel()
         finally:
             self._cleanup_kernel()
+        self.log.info("split grading: %.1f s in all, learner cells %.1f s, test cells %.1f s",
+                      time.monotonic() - t0, spent["learner"], spent["tests"])
         self.set_widgets_metadata()
         return self.nb, self.resources
 
@@ -216,13 +233,16 @@ class SplitExecute(Execute):
                 f"_zc_boot(); del _zc_boot\n")
         self._hidden(self, boot, what="learner kernel start")
 
-    def _hidden(self, client, code: str, what: str):
-        """Run code the learner never sees; raise if it fails (a grading error, not a score)."""
+    def _hidden(self, client, code: str, what: str, timeout: int = 600):
+        """Run code the learner never sees; raise if it fails (a grading error, not a score).
+        Its own timeout: start-up work on a busy machine is not the learner's time."""
         cell = nbformat.v4.new_code_cell(code)
         keep = client.nb.cells[0] if client.nb.cells else None
+        saved, client.timeout = client.timeout, timeout
         try:
             client.execute_cell(cell, 0, store_history=False)
         finally:
+            client.timeout = saved
             if keep is not None:
                 client.nb.cells[0] = keep
         errors = [o for o in cell.outputs if o.get("output_type") == "error"]
@@ -230,12 +250,27 @@ class SplitExecute(Execute):
             raise RuntimeError(f"{what} failed: {errors[0].get('ename')}: {errors[0].get('evalue')}")
         return cell
 
+    def _settled(self, client) -> bool:
+        """After a timeout: did the interrupt stop the cell (only slowly, on a busy machine)?"""
+        try:
+            self._hidden(client, "pass", what="settle", timeout=SETTLE_S)
+            return True
+        except (CellTimeoutError, DeadKernelError, RuntimeError):
+            return False
+
     def _run_learner(self, cell, index: int) -> None:
         try:
             self.preprocess_cell(cell, self.resources, index)
             self._done_a.append(index)
         except (CellTimeoutError, DeadKernelError) as e:
             died = isinstance(e, DeadKernelError)
+            if not died and self._settled(self):
+                # Interrupted, just late: the cell failed (its outputs say so), the kernel lives.
+                cell.outputs = list(cell.get("outputs", [])) + [nbformat.v4.new_output(
+                    "error", ename="CellTimeoutError", evalue=f"this cell did not finish "
+                    f"within {self.timeout} s and was interrupted", traceback=[])]
+                self._done_a.append(index)
+                return
             self.log.warning("learner cell %d %s: restarting the learner kernel", index,
                              "killed its kernel" if died else "did not stop")
             cell.outputs = [nbformat.v4.new_output(
@@ -259,9 +294,11 @@ class SplitExecute(Execute):
             replay = nbformat.v4.new_code_cell(_source(original))
             try:
                 self.execute_cell(replay, index, store_history=False)
-            except (CellTimeoutError, DeadKernelError):
-                self._done_a.remove(index)      # it blocks now: leave it out, start again
+            except (CellTimeoutError, DeadKernelError) as e:
                 self.nb.cells[index] = original
+                if isinstance(e, CellTimeoutError) and self._settled(self):
+                    continue                    # slow this time; it ran before
+                self._done_a.remove(index)      # it blocks now: leave it out, start again
                 return self._restart_learner()
             self.nb.cells[index] = original
 
@@ -275,12 +312,20 @@ class SplitExecute(Execute):
         v.start_new_kernel_client()
         v.wait_for_reply(v.kc.kernel_info())
         self._defined = 0                   # course cells whose definitions ran there
-        self._hidden(v, "import autograder.verdict as _zcv\n"
-                        f"_zcv.start({self._socket!r}, {self._names!r}, "
-                        f"timeout={max(10.0, float(self.timeout or 150) - 20)})\n",
-                     what="verdict kernel start")
+        self._verdict_ready = False
+        # Not waited for: the verdict kernel imports torch and starts the fork server of its
+        # ranks while the learner's cells run (the first test cell waits for it).
+        v.kc.execute("import autograder.verdict as _zcv\n"
+                     f"_zcv.start({self._socket!r}, {self._names!r}, "
+                     f"timeout={max(10.0, float(self.timeout or 150) - 20)})\n"
+                     "_zcv.warm_up()\n", silent=True,
+                     store_history=False)
 
     def _run_test(self, cell) -> None:
+        if not self._verdict_ready:         # its start-up (sent without waiting) went well?
+            self._hidden(self._verdict, "_zcv.sync",
+                         what="verdict kernel start")
+            self._verdict_ready = True
         gid = _meta(cell).get("grade_id")
         ids = [g for g, _ in self._course]
         upto = ids.index(gid) if gid in ids else len(self._course)

@@ -52,6 +52,14 @@ class _Client:
         self.path, self.timeout, self.sock = path, timeout, None
 
     def ask(self, *request) -> bytes:
+        try:
+            return self._ask(request)
+        except LearnerKernelError:
+            if request[0] == "call":          # never run the learner's code twice
+                raise
+            return self._ask(request)         # a restarted learner kernel: a new connection
+
+    def _ask(self, request) -> bytes:
         import cloudpickle
         body = cloudpickle.dumps(request)
         try:
@@ -148,6 +156,16 @@ class LearnerObject:
 _state: dict = {}
 
 
+def nothing(rank: int, world_size: int) -> None:
+    """A rank that does nothing: the verdict kernel's first launch starts its fork server."""
+
+
+def warm_up() -> None:
+    """Start the ranks' fork server and wait for it (one launch of one rank)."""
+    from zerocourse import launch
+    launch(nothing, 1)
+
+
 def start(socket_path: str, names: list[str], timeout: float = 120.0) -> None:
     """Set up this (verdict) kernel: proxies for `names`, no expression echo, no ptrace."""
     _state.update(client=_Client(socket_path, timeout), names=list(names), mine={})
@@ -160,9 +178,16 @@ def start(socket_path: str, names: list[str], timeout: float = 120.0) -> None:
         ctypes.CDLL(None).prctl(4, 0)      # PR_SET_DUMPABLE = 4
     except Exception:
         pass
+    # Ranks (learner code, our user) can write this kernel's folder and /tmp: nothing is ever
+    # imported from there, and what reads config at import is imported now, before any rank.
+    import sys
+    sys.path[:] = [p for p in sys.path if p not in ("", ".", os.getcwd())]
+    sys.dont_write_bytecode = True
+    import matplotlib.pyplot  # noqa: F401
     # Ranks get no cell sources: these cells hold the hidden tests, and a rank runs learner code.
-    import zerocourse.launch as launch
-    launch._cell_sources = lambda: ({}, {})
+    import importlib
+    launcher = importlib.import_module("zerocourse.launch")   # the module, not the function
+    launcher._cell_sources = lambda: ({}, {})
     try:                                   # nor the key of this kernel's sockets
         from ipykernel.kernelapp import IPKernelApp
         path = IPKernelApp.instance().connection_file

@@ -26,7 +26,8 @@ from tests.proc_util import descendants
 from tests.test_grading import AID, ENV, MEAN, NO_DIVIDE, SUM, _after, _before, _sol
 
 pytestmark = pytest.mark.timeout(1800)
-HIDDEN_ONLY = ("for n in (1, 3, 4):", "_traced_sum", "_mean_case")   # lines only hidden tests have
+# Lines only the hidden tests have (the rest of a test cell is visible in the learner's copy).
+HIDDEN_ONLY = ("for n in (1, 3, 4):", "cases = [((5,), torch.float64", "results = launch(_mean_case, n")
 
 
 def _blank_with(code: str) -> dict:
@@ -124,7 +125,10 @@ for _p in ["/etc/shadow", "/root/.ssh", "/root/.bash_history", "/home"] + glob.g
             _readable.append(_p)
     except OSError:
         pass
-_readable = [p for p in _readable if not p.startswith(os.path.expanduser("~"))]
+# Its own folder, and the folders that hold it (they list nothing else), are not secrets.
+_mine = [os.path.expanduser("~"), os.environ.get("ZEROCOURSE_RPC_DIR", "~")]
+_readable = [p for p in _readable if not any(m.startswith(p.rstrip("/") + "/") or m == p or
+                                                p.startswith(m) for m in _mine)]
 print("READABLE", _readable)
 """
 FAKE_SERVER = """
@@ -329,6 +333,9 @@ def test_no_escape_and_nothing_changed(graded):
 
 
 def test_uninterruptible_cell_costs_one_timeout(graded):
+    """One cell timeout, the wait for the interrupt to settle, a restart and a replay: not a
+    timeout per later cell, and never the whole notebook."""
+    from autograder.split_execute import SETTLE_S
     rows, *_ = graded
-    # One cell timeout (ENV: 20 s) plus a kernel restart and a replay, not the whole notebook.
-    assert float(rows["sigint-ignored"]["seconds"]) < float(rows["alice"]["seconds"]) + 45
+    extra = float(rows["sigint-ignored"]["seconds"]) - float(rows["alice"]["seconds"])
+    assert extra < float(ENV["ZEROCOURSE_CELL_TIMEOUT"]) + SETTLE_S + 45, rows["sigint-ignored"]
