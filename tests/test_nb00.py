@@ -61,3 +61,14 @@ def test_self_check_catches_a_tensor_result():
     """The visible check alone (hidden tests removed) rejects a tensor, as the hidden tests do."""
     assert_bug_caught(AID, [("setup-sum-of-ranks", "return int(t.item())", "return t")],
                       ["setup-sum-of-ranks-check"], ["setup-sum-of-ranks-check"], visible_only=True)
+
+
+def test_plain_keeps_plain_data_and_describes_the_rest():
+    """checks.plain: what test helpers return from ranks must decode with weights_only=True."""
+    import numpy as np
+    import torch
+    from zerocourse.checks import plain
+    assert plain(3) == 3 and plain(None) is None and plain("x") == "x"
+    assert plain(np.float32(3.0)).startswith("<float32")
+    got = plain({"a": [torch.ones(2, requires_grad=True), np.int64(2)]})
+    assert not got["a"][0].requires_grad and got["a"][1].startswith("<int64")

@@ -131,3 +131,31 @@ def test_data_swap_that_keeps_weights_alive_in_saved_tensors_is_caught():
 @pytest.mark.parametrize("alt", list(VALID))
 def test_valid_alternatives_get_full_marks(alt):
     assert_full_marks(AID, TOTAL, edits=VALID[alt])
+
+
+def test_peak_tracker_counts_weights_kept_alive_by_saved_tensors():
+    """The instrument behind the check: a full weight swapped out of p.data, but held by the
+    W.t() autograd saved, is still counted; resizing the gathered storage to 0 frees it."""
+    import torch
+    import torch.nn.functional as F
+    from zerocourse.memory import PeakTracker
+
+    def forward_live(free):
+        w = torch.nn.Parameter(torch.empty(0))
+        x = torch.randn(8, 64, requires_grad=True)
+        with PeakTracker() as mem:
+            full = torch.randn(64, 64)              # the gathered weight: 16,384 B
+            w.data = full
+            y = F.linear(x, w)                      # saves x and a view w.t() for backward
+            free(w, full)
+            del full
+            return mem.current_bytes, y
+
+    def swap(w, full):
+        w.data = torch.empty(0)
+
+    def resize(w, full):
+        full.untyped_storage().resize_(0)
+
+    (swapped, _), (resized, _) = forward_live(swap), forward_live(resize)
+    assert swapped - resized == 64 * 64 * 4, (swapped, resized)
