@@ -69,6 +69,7 @@ def test_plain_keeps_plain_data_and_describes_the_rest():
     import torch
     from zerocourse.checks import plain
     assert plain(3) == 3 and plain(None) is None and plain("x") == "x"
-    assert plain(np.float32(3.0)).startswith("<float32")
+    assert plain(np.float32(3.0)) == 3.0 and type(plain(np.float32(3.0))) is float   # as the grader
+    assert plain(np.array([1.0])).startswith("<ndarray")
     got = plain({"a": [torch.ones(2, requires_grad=True), np.int64(2)]})
     assert not got["a"][0].requires_grad and got["a"][1].startswith("<int64")

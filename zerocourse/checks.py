@@ -30,9 +30,13 @@ def plain(value):
         value: anything a learner's function returned.
     Returns:
         value itself (tensors detached, on the CPU) when it is None, bool, int, float, str, bytes,
-        a tensor, torch.dtype, torch.Size, a Fraction, or a list/tuple/dict of these; else
+        a tensor, torch.dtype, torch.Size, a Fraction, or a list/tuple/dict of these; a numpy
+        float or bool scalar as Python's (as the grader's kernel accepts them); else
         "<TypeName: repr>".
     """
+    if type(value).__module__ == "numpy" and getattr(value, "ndim", 1) == 0 and \
+            type(value).__name__.startswith(("float", "bool")):
+        return value.item()
     if isinstance(value, torch.Tensor):
         if type(value) in (torch.Tensor, torch.nn.Parameter):
             return value.detach().cpu()
