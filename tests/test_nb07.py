@@ -66,3 +66,9 @@ SELF_CHECK = {
 def test_self_check_catches(bug):
     edits, must_fail = SELF_CHECK[bug]
     assert_bug_caught(AID, edits, must_fail, must_fail, visible_only=True)
+
+
+@pytest.mark.parametrize("answer", ["set([3])", "[3]", "(3,)"])
+def test_q3_plain_containers_get_full_marks(answer):
+    assert_full_marks(AID, solutions={"capstone-q3": f"answer_gathers_params = {answer}\n"},
+                      only=["capstone-q3-test"])
