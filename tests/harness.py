@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 import traceback
 
 from tests.fixtures.make_submission import load, source, strip_markers
@@ -24,6 +25,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # In-process, fixtures and tests share one interpreter: a fixture that replaced the course's
 # checks must fail the cell, as it cannot under `make grade` (split grading).
 GUARD = '__import__("zerocourse.integrity", fromlist=["_"]).assert_untampered(globals())\n'
+
+
+_HIDDEN = re.compile(r"^[ \t]*### BEGIN HIDDEN TESTS.*?^[ \t]*### END HIDDEN TESTS[ \t]*\n?", re.M | re.S)
 
 
 def _meta(cell) -> dict:
@@ -44,7 +48,7 @@ def _definitions_only(src: str) -> str:
 
 def grade_cells(aid: str, solutions: dict[str, str] | None = None,
                 edits: list[tuple[str, str, str]] = (), only: list[str] | None = None,
-                release: bool = False) -> dict[str, str | None]:
+                release: bool = False, visible_only: bool = False) -> dict[str, str | None]:
     """Run an assignment's graded cells in-process with the given solution cells.
 
     Args:
@@ -53,6 +57,8 @@ def grade_cells(aid: str, solutions: dict[str, str] | None = None,
         edits: (grade_id, old, new) replacements injected into the reference cells (bugs).
         only: graded cells to run (default: all); solution cells and definitions always run.
         release: start from the learner's release copy (stubs) instead of the solutions.
+        visible_only: run the graded cells without their hidden tests (the self-check the learner
+            sees), e.g. to prove that a self-check catches what the hidden tests catch.
     Returns:
         grade_id -> None if the cell passed, else the error text.
     """
@@ -81,6 +87,8 @@ def grade_cells(aid: str, solutions: dict[str, str] | None = None,
         if meta.get("grade"):
             if only is not None and gid not in only:
                 continue
+            if visible_only:
+                src = _HIDDEN.sub("", src)
             src = GUARD + src
             try:
                 exec(compile(src, f"<{aid} cell {gid}>", "exec"), ns)
@@ -105,9 +113,10 @@ def score(aid: str, results: dict[str, str | None]) -> tuple[float, float]:
             sum(pts[g] for g in results))
 
 
-def assert_bug_caught(aid: str, edits, only, must_fail, must_pass=()) -> dict:
-    """Inject a bug fixture and check that it fails `must_fail`, spares `must_pass`, loses points."""
-    results = grade_cells(aid, edits=edits, only=only)
+def assert_bug_caught(aid: str, edits, only, must_fail, must_pass=(), visible_only=False) -> dict:
+    """Inject a bug fixture and check that it fails `must_fail`, spares `must_pass`, loses points
+    (with visible_only, in the self-checks alone: the learner sees the ❌ before submitting)."""
+    results = grade_cells(aid, edits=edits, only=only, visible_only=visible_only)
     failed = {g for g, err in results.items() if err is not None}
     assert set(must_fail) <= failed, (edits, results)
     assert not set(must_pass) & failed, (edits, results)

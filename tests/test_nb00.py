@@ -21,6 +21,8 @@ BUGS = {
         [("setup-sum-of-ranks", "dist.all_reduce(t)\n",
           "dist.all_reduce(t)\n    t /= world_size\n    dist.all_reduce(t)\n")],
         ["setup-sum-of-ranks-hidden"]),
+    "returns the tensor, not a number": ([("setup-sum-of-ranks", "return int(t.item())", "return t")],
+                                         ["setup-sum-of-ranks-check", "setup-sum-of-ranks-hidden"]),
     "sum instead of mean": ([("setup-global-mean", "return out / dist.get_world_size()", "return out")],
                             ["setup-global-mean-check", "setup-global-mean-hidden"]),
     "reduces the input in place": (
@@ -53,3 +55,21 @@ VALID = {
 def test_valid_alternatives_get_full_marks(alt):
     results = grade_cells(AID, edits=VALID[alt])
     assert all(err is None for err in results.values()), results
+
+
+def test_self_check_catches_a_tensor_result():
+    """The visible check alone (hidden tests removed) rejects a tensor, as the hidden tests do."""
+    assert_bug_caught(AID, [("setup-sum-of-ranks", "return int(t.item())", "return t")],
+                      ["setup-sum-of-ranks-check"], ["setup-sum-of-ranks-check"], visible_only=True)
+
+
+def test_plain_keeps_plain_data_and_describes_the_rest():
+    """checks.plain: what test helpers return from ranks must decode with weights_only=True."""
+    import numpy as np
+    import torch
+    from zerocourse.checks import plain
+    assert plain(3) == 3 and plain(None) is None and plain("x") == "x"
+    assert plain(np.float32(3.0)) == 3.0 and type(plain(np.float32(3.0))) is float   # as the grader
+    assert plain(np.array([1.0])).startswith("<ndarray")
+    got = plain({"a": [torch.ones(2, requires_grad=True), np.int64(2)]})
+    assert not got["a"][0].requires_grad and got["a"][1].startswith("<int64")

@@ -245,3 +245,22 @@ def test_memory_calculator_without_ipywidgets_draws_once(solution_fns, monkeypat
     html = calc.widget._repr_html_()
     assert "ipywidgets is not available" in html and "fits" in html
     assert "data:image/png;base64,iVBOR" in html
+
+
+# The self-checks alone (hidden tests removed, as the learner runs them) catch wrong units and a
+# float count: what the hidden tests fail, the learner sees ❌ for before submitting.
+SELF_CHECK = {
+    "Q1 in bytes instead of GB": ([("bpp-q1-answer", "answer_gpt2_gb = 24", "answer_gpt2_gb = 24e9")],
+                                  ["bpp-q1"]),
+    "Q2 in GB instead of bytes": ([("bpp-q2-answer", "answer_zero2_bytes_n8 = 2 * 1.5e9 + 14 * 1.5e9 / 8",
+                                    "answer_zero2_bytes_n8 = 5.625")], ["bpp-q2"]),
+    "count_parameters returns a float": ([(COUNT, "    return total\n", "    return float(total)\n")],
+                                         [f"{COUNT}-check"]),
+}
+
+
+@pytest.mark.parametrize("bug", list(SELF_CHECK))
+def test_self_check_catches(bug):
+    from tests.harness import assert_bug_caught
+    edits, must_fail = SELF_CHECK[bug]
+    assert_bug_caught(AID, edits, must_fail, must_fail, visible_only=True)

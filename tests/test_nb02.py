@@ -49,6 +49,10 @@ BUGS = {
     "broadcast from rank 0 whatever src": (
         [("dp-broadcast-parameters", "src=src)", "src=0)")],
         BCAST, ["dp-broadcast-hidden"], ["dp-broadcast-check"]),
+    "broadcast skipping frozen parameters (ranks' frozen weights differ)": (
+        [("dp-broadcast-parameters", "            dist.broadcast(p.data, src=src)",
+          "            if p.requires_grad:\n                dist.broadcast(p.data, src=src)")],
+        BCAST, BCAST, []),
     "no zero_grad (gradients accumulate)": (
         [("dp-train-step", "    optimizer.zero_grad()\n", "")], STEP, STEP, []),
     "no division, seen through dp_train_step": (

@@ -182,6 +182,57 @@ class ZeRO1Adam:
         for p in self.params:
             p.grad = None
 '''
+FROZEN_IN_FLAT = '''
+class ZeRO1Adam:
+    # FSDP-style: ALL parameters in the flat buffer, frozen ones included (their gradient slots
+    # are zero and their elements never updated), plus one cached bf16 all-gather buffer.
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0):
+        self.lr, self.betas, self.eps, self.wd = lr, betas, eps, weight_decay
+        self.params = list(dict.fromkeys(params))
+        self.n, rank = dist.get_world_size(), dist.get_rank()
+        numel = sum(p.numel() for p in self.params)
+        self.lo, self.hi = shard_bounds(numel, self.n, rank)
+        self.full = torch.zeros((self.hi - self.lo) * self.n, dtype=self.params[0].dtype)
+        self.full[:numel] = torch.cat([p.detach().reshape(-1) for p in self.params])
+        self.master = self.full[self.lo:self.hi].float()
+        self.m, self.v = torch.zeros_like(self.master), torch.zeros_like(self.master)
+        self.ranges, i = [], 0            # local ranges of trainable elements in my shard
+        for p in self.params:
+            a, b = max(i, self.lo), min(i + p.numel(), self.hi)
+            if p.requires_grad and a < b:
+                self.ranges.append((a - self.lo, b - self.lo))
+            i += p.numel()
+        self.t = 0
+
+    @torch.no_grad()
+    def step(self):
+        self.t += 1
+        b1, b2 = self.betas
+        flat = torch.zeros_like(self.full)
+        i = 0
+        for p in self.params:
+            if p.grad is not None:
+                flat[i:i + p.numel()] = p.grad.reshape(-1)
+            i += p.numel()
+        g = torch.empty(self.hi - self.lo, dtype=flat.dtype)
+        dist.reduce_scatter_single(g, flat)
+        g = g.float() / self.n
+        for a, b in self.ranges:
+            gi = g[a:b] + self.wd * self.master[a:b]
+            self.m[a:b].mul_(b1).add_(gi, alpha=1 - b1)
+            self.v[a:b].mul_(b2).addcmul_(gi, gi, value=1 - b2)
+            denom = self.v[a:b].sqrt() / math.sqrt(1 - b2 ** self.t) + self.eps
+            self.master[a:b].addcdiv_(self.m[a:b], denom, value=-self.lr / (1 - b1 ** self.t))
+        dist.all_gather_single(self.full, self.master.to(self.full.dtype))
+        i = 0
+        for p in self.params:
+            p.copy_(self.full[i:i + p.numel()].view_as(p))
+            i += p.numel()
+
+    def zero_grad(self):
+        for p in self.params:
+            p.grad = None
+'''
 CEIL_BOUNDS = '''
 def shard_bounds(numel, world_size, rank):
     shard = math.ceil(numel / world_size)
@@ -193,6 +244,8 @@ VALID = {
         {"zero1-adam": REDUCE_SCATTER}, ADAM + MEM),
     "AVG all-reduce, list all_gather, lazy state in a list of dicts": (
         {"zero1-adam": AVG_LIST_GATHER}, ADAM + MEM),
+    "frozen parameters in the flat buffer (FSDP-style), cached bf16 gather buffer": (
+        {"zero1-adam": FROZEN_IN_FLAT}, ADAM + MEM),
     "shard_bounds with math.ceil": ({"zero1-shard-bounds": CEIL_BOUNDS}, BOUNDS),
 }
 

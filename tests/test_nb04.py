@@ -192,6 +192,61 @@ class ZeRO2Adam:
             p.grad = None
 '''
 
+# FSDP-style: ALL parameters in the flat buffer, frozen ones included (gradient slots zero, their
+# elements never updated whatever the weight decay); an fp32 gradient shard kept between steps.
+FROZEN_IN_FLAT = '''
+class ZeRO2Adam:
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0):
+        self.lr, self.betas, self.eps, self.wd = lr, betas, eps, weight_decay
+        self.params = list(dict.fromkeys(params))
+        self.n, rank = dist.get_world_size(), dist.get_rank()
+        self.numel = sum(p.numel() for p in self.params)
+        self.lo, self.hi = shard_bounds(self.numel, self.n, rank)
+        flat = torch.zeros((self.hi - self.lo) * self.n)
+        flat[:self.numel] = torch.cat([p.detach().reshape(-1).float() for p in self.params])
+        self.master = flat[self.lo:self.hi].clone()
+        self.m, self.v = torch.zeros_like(self.master), torch.zeros_like(self.master)
+        self.ranges, i = [], 0            # local ranges of trainable elements in my shard
+        for p in self.params:
+            a, b = max(i, self.lo), min(i + p.numel(), self.hi)
+            if p.requires_grad and a < b:
+                self.ranges.append((a - self.lo, b - self.lo))
+            i += p.numel()
+        self.t, self.grad_shard = 0, None
+
+    @torch.no_grad()
+    def step(self):
+        self.t += 1
+        b1, b2 = self.betas
+        dtype = self.params[0].dtype
+        flat = torch.zeros((self.hi - self.lo) * self.n, dtype=dtype)
+        i = 0
+        for p in self.params:
+            if p.grad is not None:
+                flat[i:i + p.numel()] = p.grad.reshape(-1)
+                p.grad = None
+            i += p.numel()
+        self.grad_shard = reduce_scatter_mean(flat.float())
+        del flat
+        g = self.grad_shard
+        for a, b in self.ranges:
+            gi = g[a:b] + self.wd * self.master[a:b]
+            self.m[a:b].mul_(b1).add_(gi, alpha=1 - b1)
+            self.v[a:b].mul_(b2).addcmul_(gi, gi, value=1 - b2)
+            denom = self.v[a:b].sqrt() / (1 - b2 ** self.t) ** 0.5 + self.eps
+            self.master[a:b].addcdiv_(self.m[a:b], denom, value=-self.lr / (1 - b1 ** self.t))
+        full = torch.empty((self.hi - self.lo) * self.n, dtype=dtype)
+        dist.all_gather_single(full, self.master.to(dtype))
+        i = 0
+        for p in self.params:
+            p.copy_(full[i:i + p.numel()].view_as(p))
+            i += p.numel()
+
+    def zero_grad(self):
+        for p in self.params:
+            p.grad = None
+'''
+
 LIST_RSM = '''
 def reduce_scatter_mean(flat):
     n = dist.get_world_size()
@@ -205,6 +260,8 @@ def reduce_scatter_mean(flat):
 VALID = {
     "fp32 AVG reduce-scatter, dict state, zeroing zero_grad": ({"zero2-adam": DICT_STATE}, ADAM),
     "params as views of the all-gather buffer, fp32 grad shard": ({"zero2-adam": FLAT_VIEWS}, ADAM),
+    "frozen parameters in the flat buffer (FSDP-style), fp32 grad shard kept": (
+        {"zero2-adam": FROZEN_IN_FLAT}, ADAM),
     "reduce_scatter_mean with AVG": ({"zero2-reduce-scatter-mean": LIST_RSM}, RSM + [CHECK, COMM]),
 }
 

@@ -144,6 +144,32 @@ def ring_all_reduce(tensor):
             else:
                 chunks[d].copy_(buf)
 '''
+PADDED_RING = '''
+def ring_all_reduce(tensor):
+    # chunks padded to equal size ceil(numel/N): each rank sends exactly 2(N-1)·ceil(numel/N)
+    # elements, so the ranks' total exceeds 2(N-1)·numel when N does not divide numel
+    n, r = dist.get_world_size(), dist.get_rank()
+    if n == 1:
+        return
+    k = -(-tensor.numel() // n)
+    buf = torch.zeros(k * n, dtype=tensor.dtype)
+    buf[:tensor.numel()] = tensor.view(-1)
+    chunks = buf.view(n, k)
+    tmp = torch.empty(k, dtype=tensor.dtype)
+    right, left = (r + 1) % n, (r - 1) % n
+    for phase in ("reduce", "gather"):
+        for step in range(n - 1):
+            s = (r - step) % n if phase == "reduce" else (r - step + 1) % n
+            d = (s - 1) % n
+            req = dist.isend(chunks[s].clone(), right)
+            dist.recv(tmp, left)
+            req.wait()
+            if phase == "reduce":
+                chunks[d] += tmp
+            else:
+                chunks[d].copy_(tmp)
+    tensor.view(-1).copy_(buf[:tensor.numel()])
+'''
 FRACTION_BYTES = '''
 from fractions import Fraction
 def comm_bytes_per_rank(stage, num_params, world_size, bytes_per_element=2):
@@ -155,6 +181,7 @@ def comm_bytes_per_rank(stage, num_params, world_size, bytes_per_element=2):
 VALID = {
     "blocking send/recv, even/odd order, manual bounds": ({"ring-all-reduce": EVEN_ODD_RING}, RING),
     "batch_isend_irecv": ({"ring-all-reduce": BATCH_RING}, ["ring-all-reduce-hidden"]),
+    "chunks padded to equal size": ({"ring-all-reduce": PADDED_RING}, RING),
     "exact fractions; 3/2 written as 1.5": (
         {"comm-bytes-per-rank": FRACTION_BYTES,
          "three-x-claim": "zero3_over_dp_passes = 3\nzero3_over_dp_bytes = 1.5\n"}, BYTES + CLAIM),

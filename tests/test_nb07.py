@@ -48,3 +48,27 @@ def test_valid_alternative_gets_full_marks(alt):
 def test_wrong_answer_is_caught(bug):
     edits, must_fail = WRONG[bug]
     assert_bug_caught(AID, edits, None, must_fail)
+
+
+# The self-checks alone (hidden tests removed, as the learner runs them) must catch these: a
+# self-check that approves what the grader then fails is worse than none.
+SELF_CHECK = {
+    "wrong stage-2 formula (gradients not sharded)": (
+        [("capstone-q1", "2 * psi + 14 * psi / n", "4 * psi + 12 * psi / n")], ["capstone-q1-test"]),
+    "wrong stage-1 formula": (
+        [("capstone-q1", "4 * psi + 12 * psi / n", "2 * psi + 14 * psi / n")], ["capstone-q1-test"]),
+    "Q2 in parameters instead of billions": (
+        [("capstone-q2", "80e9 * 64 / 16 / 1e9", "80e9 * 64 / 16")], ["capstone-q2-test"]),
+}
+
+
+@pytest.mark.parametrize("bug", list(SELF_CHECK))
+def test_self_check_catches(bug):
+    edits, must_fail = SELF_CHECK[bug]
+    assert_bug_caught(AID, edits, must_fail, must_fail, visible_only=True)
+
+
+@pytest.mark.parametrize("answer", ["set([3])", "[3]", "(3,)"])
+def test_q3_plain_containers_get_full_marks(answer):
+    assert_full_marks(AID, solutions={"capstone-q3": f"answer_gathers_params = {answer}\n"},
+                      only=["capstone-q3-test"])

@@ -28,9 +28,12 @@ When it samples. It is a TorchDispatchMode: before and after every aten op run i
 runs, so this sees every state the parameters are in when an op could use them.
 
 Limits (what it does not see):
-- Full copies kept OUTSIDE the parameter slots (a private cache of gathered tensors, autograd's
-  saved tensors) are not counted: pair it with zerocourse.memory.model_state_bytes, which counts
-  everything reachable from the model and the optimizer.
+- Full copies kept OUTSIDE the parameter slots are not counted: a private cache of gathered
+  tensors (pair it with zerocourse.memory.model_state_bytes, which counts everything reachable
+  from the model and the optimizer), and tensors autograd saved for backward (a p.data swap leaves
+  the slots empty while a saved W.t() keeps the full weight alive: pair it with
+  zerocourse.memory.PeakTracker around the forward, which counts every storage the forward
+  allocated and left alive, saved tensors included, and compare with the unsharded forward).
 - With world_size 1 a shard is the whole parameter: "full" and "shard" cannot be told apart.
 - Parameters created after parameter_slots() (new slots) are not watched; full shapes are those
   recorded then.

@@ -35,6 +35,11 @@ p.data = new_tensor, going out of scope, p.grad = None). Views and in-place ops 
 storage, so they add nothing. Storage.resize_ is not an op, so while a tracker is active it is
 wrapped to see storages grow and shrink (FSDP-style freeing). The mode composes with other
 TorchDispatchModes (e.g. the comm tracer) nested inside or outside it.
+
+Tensors autograd saves for backward are storages like any other: read current_bytes at the end of
+a forward and it counts the activations AND every full weight a saved view still holds (e.g. the
+W.t() that F.linear saved of a p.data that was later swapped for an empty tensor). The same forward
+of an unsharded model gives the activations alone; the difference is what a ZeRO-3 kept gathered.
 """
 import collections
 import functools
