@@ -39,6 +39,11 @@ KNOWN_COURSE_BUGS: dict[str, str] = {
         "elements + slack: '2 ranks, float32, step 1: bytes reduce-scattered: expected about 1015 "
         "elements x 4 or 4 B, got 4128 B' (= 1032 × 4, Ψ_all = 1031 padded to 1032); the memory "
         "cell passes (its bound already uses 2Ψ_all for the parameters)"),
+    "06_communication_bill/padded_chunks_isend": (
+        "padded ring chunks (COURSE_DESIGN §2: each rank sends at most 2(N−1)·ceil(numel/N) "
+        "elements; the total need not equal 2(N−1)·numel): ring-all-reduce-hidden demands the "
+        "exact total: 'ring_all_reduce of a torch.float32 tensor of shape (7,) on 2 ranks: bytes "
+        "sent by all ranks together: expected 56, got 64.0 (tolerance atol=0, rtol=0)'"),
 }
 
 # A whole notebook's graded cells on ranks, on 2 busy cores: generous.
