@@ -103,3 +103,21 @@ def test_alternative_answers_every_code_answer_cell(aid, path):
     wanted = {c["metadata"]["nbgrader"]["grade_id"] for c in nb["cells"]
               if c["cell_type"] == "code" and c.get("metadata", {}).get("nbgrader", {}).get("solution")}
     assert set(load_answers(path)) == wanted
+
+
+def test_build_writes_submissions(tmp_path):
+    """build.py: the learner copy with exactly the answer cells replaced, laid out for make grade."""
+    import json
+    from tests.fixtures.alternatives import build
+    from tests.fixtures.make_submission import load, source
+    params = _fixtures()
+    aid, path = params[0].values
+    key = f"{aid}/{os.path.splitext(os.path.basename(path))[0]}"
+    (written,) = build.build(str(tmp_path), [key])
+    student = "alt-" + os.path.splitext(os.path.basename(path))[0].replace("_", "-")
+    assert written == str(tmp_path / student / aid / f"{aid}.ipynb")
+    nb, rel, answers = json.load(open(written)), load("notebooks", aid), load_answers(path)
+    assert len(nb["cells"]) == len(rel["cells"])
+    for got, orig in zip(nb["cells"], rel["cells"]):
+        gid = orig.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+        assert source(got) == (answers[gid] if gid in answers else source(orig))
