@@ -26,31 +26,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ALT_DIR = os.path.join(HERE, "fixtures", "alternatives")
 
 # "<aid>/<style>" -> why it fails today (which graded cell, which message).
-KNOWN_COURSE_BUGS: dict[str, str] = {
-    "03_zero1/frozen_in_flat_fp32_reduce_scatter": (
-        "frozen parameters inside the flat buffer (COURSE_DESIGN §2: valid, bounds use Ψ_all): "
-        "zero1-memory-check and zero1-memory-hidden bound the optimizer bytes with Ψ = trainable "
-        "only: 'expected at most 12 × 508 (own slice) + 2 × 1016 (one bf16 buffer) = 8128 bytes, "
-        "got 8256' on 2 ranks (= 12 × ceil(1031/2) + 2 × 1032, exactly the Ψ_all bound); "
-        "4 ranks: 5160 > 5080"),
-    "04_zero2/frozen_flat_list_forms_noisy": (
-        "frozen parameters inside the flat buffer (COURSE_DESIGN §2: valid, traffic bounds use "
-        "Ψ_all): zero2-adam-comm-hidden bounds the reduce-scattered bytes with Ψ = 1015 trainable "
-        "elements + slack: '2 ranks, float32, step 1: bytes reduce-scattered: expected about 1015 "
-        "elements x 4 or 4 B, got 4128 B' (= 1032 × 4, Ψ_all = 1031 padded to 1032); the memory "
-        "cell passes (its bound already uses 2Ψ_all for the parameters)"),
-    "06_communication_bill/padded_chunks_isend": (
-        "padded ring chunks (COURSE_DESIGN §2: each rank sends at most 2(N−1)·ceil(numel/N) "
-        "elements; the total need not equal 2(N−1)·numel): ring-all-reduce-hidden demands the "
-        "exact total: 'ring_all_reduce of a torch.float32 tensor of shape (7,) on 2 ranks: bytes "
-        "sent by all ranks together: expected 56, got 64.0 (tolerance atol=0, rtol=0)'"),
-    "05_zero3/fp32_master_only_at_rest": (
-        "a ZeRO-3 that keeps its shard only as the fp32 master at rest (COURSE_DESIGN §2: valid, "
-        "4Ψ/N at rest, the bound that matters is the total ≤ 16Ψ/N + padding): "
-        "zero3-memory-hidden checks the bytes at rest against 2Ψ/N: 'bytes held at rest (toy, 2 "
-        "ranks) (rank 0): 2064 B > 2Ψ/N + padding = 1051 B' (2064 = 4 × 516, the fp32 shard); "
-        "training and communication cells pass"),
-}
+KNOWN_COURSE_BUGS: dict[str, str] = {}     # none today: the four found were fixed (issue 16)
 
 # A whole notebook's graded cells on ranks, on 2 busy cores: generous.
 TIMEOUTS = {"05_zero3": 1500}
