@@ -89,6 +89,139 @@ def bench_launcher(world_sizes=(2, 4), repeats: int = 7, torchrun_repeats: int =
     return out
 
 
+# --------------------------------------------------------------------------
+# the launcher under stress: K notebook kernels launching at once beside CPU burners
+# --------------------------------------------------------------------------
+def _stress_collectives(rank, world_size):
+    import torch
+    import torch.distributed as dist
+    t = torch.ones(4)
+    dist.all_reduce(t)
+    dist.broadcast(t, 0)
+    return t.sum().item()
+
+
+def _stress_nothing(rank, world_size):
+    return rank
+
+
+def _stress_rank0_first(rank, world_size):
+    import time
+    if rank != 0:
+        time.sleep(0.02)        # rank 0 returns (and would tear down) while this rank is busy
+    return rank
+
+
+# (name, world_size, fn): every launch a notebook makes in 00's sweep and the demos.
+STRESS_SCENARIOS = [("collectives", 2, _stress_collectives), ("collectives", 4, _stress_collectives),
+                    ("nothing", 2, _stress_nothing), ("nothing", 4, _stress_nothing),
+                    ("rank0-first", 2, _stress_rank0_first), ("rank0-first", 4, _stress_rank0_first)]
+
+
+def _stress_kernel(rounds: int) -> dict:
+    """One "kernel": its own launcher and fork server, `rounds` x every scenario.
+
+    Args:
+        rounds: how many times each scenario of STRESS_SCENARIOS is launched.
+    Returns:
+        first_s (the first launch, fork server start included), times (s, each later launch),
+        failures (one line each), start/end (time.time() of the steady part).
+    """
+    import zerocourse.launch as zl
+    t0 = time.perf_counter()
+    zl.launch(_stress_nothing, 2, timeout=120)
+    first = time.perf_counter() - t0
+    times, failures = [], []
+    start = time.time()
+    for _ in range(rounds):
+        for name, n, fn in STRESS_SCENARIOS:
+            t0 = time.perf_counter()
+            try:
+                out = zl.launch(fn, n, timeout=60)
+                if fn is _stress_nothing or fn is _stress_rank0_first:
+                    assert out == list(range(n)), out
+            except Exception as e:                 # noqa: BLE001 - every failure is counted
+                failures.append(f"{name}/{n}: {type(e).__name__}: {str(e).splitlines()[0][:300]}")
+            times.append(time.perf_counter() - t0)
+    return {"first_s": first, "times": times, "failures": failures, "start": start,
+            "end": time.time()}
+
+
+def _burn() -> None:
+    while True:
+        pass
+
+
+def bench_stress(kernels: int = 4, rounds: int = 5, burners: int = 2, timeout: float = 300) -> dict:
+    """K kernels (separate processes, each with its own fork server) launching at once.
+
+    Args:
+        kernels: concurrent kernels K.
+        rounds: rounds of STRESS_SCENARIOS per kernel (6 launches a round).
+        burners: processes spinning on a core each, beside them.
+        timeout: seconds before the kernels are killed (counted as failures).
+    Returns:
+        launches, failures (and the first few failure lines), launches_per_s (sustained, first
+        launches excluded), p50_s, p95_s, max_s, first_launch_s (median over kernels),
+        leftover (processes still alive afterwards).
+    """
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    burn = [subprocess.Popen([sys.executable, "-c", "from zerocourse.bench import _burn; _burn()"],
+                             env=env) for _ in range(burners)]
+    procs = [subprocess.Popen([sys.executable, "-m", "zerocourse.bench", "--stress-kernel",
+                               str(rounds)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env=env, start_new_session=True) for _ in range(kernels)]
+    pids = [p.pid for p in procs]
+    reports, errors = [], []
+    deadline = time.monotonic() + timeout
+    try:
+        for p in procs:
+            try:
+                out, err = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, 9)
+                out, err = p.communicate()
+                errors.append(f"kernel {p.pid} timed out")
+                continue
+            line = [x for x in out.splitlines() if x.startswith("{")]
+            if p.returncode != 0 or not line:
+                errors.append(f"kernel {p.pid} exited {p.returncode}: {err[-500:]}")
+                continue
+            reports.append(json.loads(line[-1]))
+    finally:
+        for b in burn:
+            b.kill()
+            b.wait()
+    time.sleep(0.5)                          # fork servers exit when their kernel's pipe closes
+    leftover = [pid for pid in _session_members(pids)]
+    times = sorted(t for r in reports for t in r["times"])
+    failures = [f for r in reports for f in r["failures"]] + errors
+    span = (max(r["end"] for r in reports) - min(r["start"] for r in reports)) if reports else 0
+    q = (lambda f: times[min(len(times) - 1, int(f * len(times)))]) if times else (lambda f: float("nan"))
+    return {"kernels": kernels, "burners": burners, "launches": len(times) + len(reports),
+            "failures": len(failures), "failure_lines": failures[:5],
+            "launches_per_s": round(len(times) / span, 2) if span else 0.0,
+            "p50_s": round(q(0.5), 3), "p95_s": round(q(0.95), 3), "max_s": round(q(1.0), 3),
+            "first_launch_s": round(statistics.median(r["first_s"] for r in reports), 2)
+            if reports else float("nan"), "leftover": leftover}
+
+
+def _session_members(sids: list[int]) -> list[int]:
+    """PIDs of live processes whose session id is one of `sids` (what a kernel left behind)."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z" and int(fields[3]) in sids:
+            out.append(int(entry))
+    return out
+
+
 STAGE_NOTEBOOKS = {0: ("02_data_parallelism", ["dp_train_step", "broadcast_parameters"]),
                    1: ("03_zero1", ["ZeRO1Adam"]), 2: ("04_zero2", ["ZeRO2Adam"]),
                    3: ("05_zero3", ["ZeRO3Module", "ZeRO3Adam"])}
@@ -266,15 +399,22 @@ def main(argv=None) -> int:
     import argparse
     parser = argparse.ArgumentParser(description="Course benchmarks: figures printed and written "
                                                  "to bench/results.json (not a test).")
-    parser.add_argument("--only", default="launcher,stages,notebooks,autograde",
+    parser.add_argument("--only", default="launcher,stress,stages,notebooks,autograde",
                         help="comma-separated parts to run (default: all)")
     parser.add_argument("--blank", action="store_true",
                         help="also autograde each notebook's blank release copy (+3 min)")
+    parser.add_argument("--stress-kernel", type=int, metavar="ROUNDS", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.stress_kernel is not None:        # one kernel of bench_stress: a JSON line out
+        print(json.dumps(_stress_kernel(args.stress_kernel)))
+        return 0
     parts = set(args.only.split(","))
     results = {"machine": {"cpus": os.cpu_count(), "torch": torch.__version__}}
     if "launcher" in parts:
         results["launcher"] = bench_launcher()
+    if "stress" in parts:
+        results["stress"] = {str(k): bench_stress(kernels=k, rounds=rounds)
+                             for k, rounds in ((1, 20), (4, 8), (8, 4))}
     if "stages" in parts:
         results["stages"], results["params"] = bench_stages()
     if "notebooks" in parts:
