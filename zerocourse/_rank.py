@@ -252,6 +252,9 @@ def _encode_result(result, rank: int, trusted: bool) -> bytes:
 def _join(spec: dict, rank: int) -> None:
     """Form the process group, then wait until every rank has formed it.
 
+    The rendezvous store is a file in the launch's private temporary folder, not a TCPStore:
+    its server listens with backlog -1, which a sandboxed network stack (gVisor) turns into
+    a queue so short that ranks connecting at once wait out a SYN retransmit (~5 s).
     Without the wait, a rank whose fn returns at once tears its group down while a
     peer is still inside gloo's connectFullMesh, which then fails ("Connection closed
     by peer"): under load, the learner would see an error no code of theirs caused.
@@ -261,8 +264,8 @@ def _join(spec: dict, rank: int) -> None:
     if spec["backend"] == "nccl":
         torch.cuda.set_device(rank)
         device = torch.device("cuda", rank)
-    store = dist.TCPStore(spec["host"], spec["port"], world_size, is_master=False,
-                          timeout=timeout, wait_for_workers=False)
+    store = dist.FileStore(spec["store"], world_size)
+    store.set_timeout(timeout)
     kwargs = {"device_id": device} if device is not None else {}
     dist.init_process_group(spec["backend"], store=store, rank=rank, world_size=world_size,
                             timeout=timeout, **kwargs)
@@ -271,12 +274,14 @@ def _join(spec: dict, rank: int) -> None:
     store.wait([_JOINED + "/all"])
 
 
+
 def rank_main(spec: dict, rank: int, conn) -> None:
     """Entry point of one rank (the target of the forked process).
 
     Args:
         spec: what every rank shares: payload (cloudpickled fn, args, kwargs), world_size,
-            backend, store host/port, collective timeout, cwd, sys_path, cell sources and names.
+            backend, store (file path), collective timeout, cwd, sys_path, cell sources and
+            names, trusted (encode the result for torch.load(weights_only=True)).
         rank: this process's rank.
         conn: write end of the pipe to the launcher.
     """

@@ -127,9 +127,8 @@ def _stress_kernel(rounds: int) -> dict:
         first_s (the first launch, fork server start included), times (s, each later launch),
         failures (one line each), start/end (time.time() of the steady part).
     """
-    import zerocourse.launch as zl
     t0 = time.perf_counter()
-    zl.launch(_stress_nothing, 2, timeout=120)
+    launch(_stress_nothing, 2, timeout=120)
     first = time.perf_counter() - t0
     times, failures = [], []
     start = time.time()
@@ -137,7 +136,7 @@ def _stress_kernel(rounds: int) -> dict:
         for name, n, fn in STRESS_SCENARIOS:
             t0 = time.perf_counter()
             try:
-                out = zl.launch(fn, n, timeout=60)
+                out = launch(fn, n, timeout=60)
                 if fn is _stress_nothing or fn is _stress_rank0_first:
                     assert out == list(range(n)), out
             except Exception as e:                 # noqa: BLE001 - every failure is counted

@@ -15,8 +15,10 @@ How it works, and why:
 - `fn` and its arguments travel by value with cloudpickle, so functions and
   classes defined in the notebook work. The cells' source travels too, so a
   rank's traceback shows the learner's lines as "Cell In[n], line k".
-- The kernel hosts the rendezvous store (a TCPStore on an OS-chosen port on
-  127.0.0.1), so concurrent launches never race for a port.
+- The rendezvous store is a file in the launch's private temporary folder
+  (a FileStore): no port to race for, and no TCP server in the kernel. Every rank
+  waits until all have joined before fn runs, so a rank that returns at once never
+  tears down while a peer is still connecting.
 - The launcher supervises: output is streamed live with a "[rank r]" prefix; the
   first rank to fail (a death is reported before the "connection closed" errors
   it causes on its peers) raises in the kernel and the others are killed; a
@@ -680,7 +682,7 @@ def launch(fn, world_size: int, *args, backend: str = "auto", timeout: float | N
     backend = pick_backend(backend, world_size)
     payload = _pickle_payload(fn, args, kwargs)
     sources, cell_names = _cell_sources()
-    spec = dict(payload=payload, world_size=world_size, backend=backend, host="127.0.0.1",
+    spec = dict(payload=payload, world_size=world_size, backend=backend,
                 coll_timeout=coll_timeout, cwd=os.getcwd(), sys_path=list(sys.path),
                 sources=sources, cell_names=cell_names, trusted=trusted())
     deadline = time.monotonic() + timeout
@@ -713,11 +715,8 @@ def _launch_once(spec: dict, world_size: int, timeout: float, deadline: float, o
     """One start of the ranks: a fresh store and fresh processes, supervised until `deadline`
     (time.monotonic()); `timeout` is the launch's whole budget, as the messages say it."""
     __tracebackhide__ = True
-    import torch.distributed as dist  # the kernel hosts the store; no torch op runs here
-    store = dist.TCPStore("127.0.0.1", 0, world_size, is_master=True, wait_for_workers=False,
-                          timeout=datetime.timedelta(seconds=spec["coll_timeout"]))
     tmpdir = tempfile.mkdtemp(prefix="zerocourse-launch-")
-    spec = dict(spec, port=store.port, tmpdir=tmpdir)
+    spec = dict(spec, store=os.path.join(tmpdir, "store"), tmpdir=tmpdir)
     ctx = _context()
     ranks: list[_Rank] = []
     try:
@@ -736,4 +735,3 @@ def _launch_once(spec: dict, world_size: int, timeout: float, deadline: float, o
         # Runs on success, failure, KeyboardInterrupt and nbgrader's cell timeout alike.
         _kill(ranks)
         shutil.rmtree(tmpdir, ignore_errors=True)
-        del store
