@@ -16,6 +16,7 @@ import base64
 import ctypes
 import datetime
 import faulthandler
+import functools
 import io
 import json
 import linecache
@@ -29,7 +30,31 @@ import traceback
 import cloudpickle
 import torch
 import torch.distributed as dist
-import zerocourse.comm  # noqa: F401
+
+
+def _disable_dynamo_lazily(fn=None, recursive: bool = True):
+    """torch._disable_dynamo without importing torch._dynamo until something else does.
+
+    Every TorchDispatchMode subclass (the comm tracer, memory trackers) wraps its
+    __torch_dispatch__ this way, and the first call imports torch._dynamo and sympy:
+    ~1.2 s idle, ~5 s under load, paid by every rank again (ranks are fresh forks),
+    or by the fork server's start if it imported them. Before torch._dynamo is
+    imported nothing is being compiled, so there is nothing to disable: call fn.
+    """
+    if fn is None:
+        return functools.partial(_disable_dynamo_lazily, recursive=recursive)
+    disabled = _disable_dynamo(fn, recursive)
+
+    @functools.wraps(fn)
+    def inner(*args, **kwargs):
+        if "torch._dynamo" in sys.modules:
+            return disabled(*args, **kwargs)
+        return fn(*args, **kwargs)
+    return inner
+
+
+_disable_dynamo, torch._disable_dynamo = torch._disable_dynamo, _disable_dynamo_lazily
+import zerocourse.comm  # noqa: E402,F401 - after the patch: its tracer is a TorchDispatchMode
 
 # Message kinds (first byte of each message) and their payloads:
 KINDS = {

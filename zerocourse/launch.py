@@ -169,10 +169,10 @@ class _plain_main:
 
 
 def warm_up() -> None:
-    """Start the fork server now (it imports torch, ~3 s) so the first launch is fast.
+    """Start the fork server now (it imports torch, ~2.5 s idle) so the first launch is fast.
 
-    Called by `import zerocourse` inside a Jupyter kernel: the server starts while
-    the notebook goes on importing and building models.
+    Called by `import zerocourse` inside a Jupyter kernel (see the end of this file): the
+    server starts while the notebook goes on importing and building models.
     """
     from multiprocessing import forkserver
     _context()
@@ -735,3 +735,12 @@ def _launch_once(spec: dict, world_size: int, timeout: float, deadline: float, o
         # Runs on success, failure, KeyboardInterrupt and nbgrader's cell timeout alike.
         _kill(ranks)
         shutil.rmtree(tmpdir, ignore_errors=True)
+
+
+# In a Jupyter kernel, start the fork server as soon as zerocourse is imported: it imports
+# torch while the notebook goes on importing, so the first launch does not wait for it.
+if "ipykernel" in sys.modules and os.environ.get("ZEROCOURSE_WARM_UP", "1") == "1":
+    try:
+        warm_up()
+    except Exception:       # a launch will start it (and report why it cannot) later
+        pass
