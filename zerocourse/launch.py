@@ -50,6 +50,7 @@ import textwrap
 import time
 import types
 import linecache
+import warnings
 
 import cloudpickle
 
@@ -578,7 +579,8 @@ def _decode_result(r: _Rank):
                             f"notebook: {e}", rank=r.rank) from None
     import torch
     try:
-        with torch.serialization.safe_globals([fractions.Fraction]):
+        with torch.serialization.safe_globals([fractions.Fraction]), warnings.catch_warnings():
+            warnings.simplefilter("ignore")         # torch.load's notes on odd pickles
             return torch.load(io.BytesIO(r.result), weights_only=True)
     except Exception as e:
         reason = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
