@@ -2,7 +2,9 @@
 
 Not a timed test: it measures and reports, in one run (`--only launcher,stages,...` for parts):
 1. the launcher: median launch + teardown of a trivial all-reduce on 2 and 4 ranks, for
-   zerocourse.launch (ranks forked from a fork server) and torchrun;
+   zerocourse.launch (ranks forked from a fork server) and torchrun, and the first launch
+   in a fresh interpreter; under stress (`--only stress`): K = 1, 4, 8 kernels launching
+   at once beside CPU burners, launches per second, failures, p50/p95 launch time;
 2. every stage, the course's reference implementation (loaded from solutions/ with the
    notebook loader) against torch's own on the same TinyGPT, data and N (2 and 4 gloo
    ranks): DP vs DistributedDataParallel, ZeRO-1 vs ZeroRedundancyOptimizer, ZeRO-2 vs FSDP
@@ -15,6 +17,10 @@ Not a timed test: it measures and reports, in one run (`--only launcher,stages,.
 results.json schema:
     {"machine": {"cpus": int, "torch": str},
      "launcher": {"<N>": {"zerocourse_s", "torchrun_s", "ratio", "repeats"}},
+     "first_launch": {"first_launch_s", "import_s", "repeats"},  # fresh interpreter
+     "stress": {"<K>": {"kernels", "burners", "launches", "failures", "failure_lines",
+                        "launches_per_s", "p50_s", "p95_s", "max_s",
+                        "first_launch_s", "leftover"}},       # K kernels at once, see bench_stress
      "stages": {"<N>": {"<stage 0-3>": {
          "ours": str, "torch": str,                # what ran
          "ours_step_s", "torch_step_s", "ratio",   # median step time, ours / torch's
@@ -191,6 +197,10 @@ def bench_stress(kernels: int = 4, rounds: int = 5, burners: int = 2, timeout: f
         for b in burn:
             b.kill()
             b.wait()
+        for p in procs:                      # interrupted: no kernel (nor its ranks) survives
+            if p.poll() is None:
+                os.killpg(p.pid, 9)
+                p.wait()
     time.sleep(0.5)                          # fork servers exit when their kernel's pipe closes
     leftover = [pid for pid in _session_members(pids)]
     times = sorted(t for r in reports for t in r["times"])
@@ -219,6 +229,37 @@ def _session_members(sids: list[int]) -> list[int]:
         if fields[0] != "Z" and int(fields[3]) in sids:
             out.append(int(entry))
     return out
+
+
+_FIRST_LAUNCH = """
+import time
+t0 = time.perf_counter()
+import torch, zerocourse
+from zerocourse.launch import launch, warm_up
+warm_up()                                  # what `import zerocourse` does in a Jupyter kernel
+t1 = time.perf_counter()
+def f(rank, world_size):
+    return rank
+launch(f, 2)
+t2 = time.perf_counter()
+print(round(t1 - t0, 3), round(t2 - t1, 3))
+"""
+
+
+def bench_first_launch(repeats: int = 3) -> dict:
+    """The first launch in a fresh interpreter (fork server start included), right after
+    `import torch, zerocourse`: the worst case of a notebook whose next cell launches.
+
+    Returns:
+        first_launch_s (median), import_s (median time of the imports before it), repeats.
+    """
+    runs = []
+    for _ in range(repeats):
+        out = subprocess.run([sys.executable, "-c", _FIRST_LAUNCH], check=True,
+                             capture_output=True, text=True).stdout.split()
+        runs.append((float(out[-2]), float(out[-1])))
+    return {"first_launch_s": statistics.median(r[1] for r in runs),
+            "import_s": statistics.median(r[0] for r in runs), "repeats": repeats}
 
 
 STAGE_NOTEBOOKS = {0: ("02_data_parallelism", ["dp_train_step", "broadcast_parameters"]),
@@ -411,6 +452,7 @@ def main(argv=None) -> int:
     results = {"machine": {"cpus": os.cpu_count(), "torch": torch.__version__}}
     if "launcher" in parts:
         results["launcher"] = bench_launcher()
+        results["first_launch"] = bench_first_launch()
     if "stress" in parts:
         results["stress"] = {str(k): bench_stress(kernels=k, rounds=rounds)
                              for k, rounds in ((1, 20), (4, 8), (8, 4))}
@@ -433,6 +475,23 @@ def _print(results: dict) -> None:
     print(f"{'ranks':>5} {'zerocourse.launch':>18} {'torchrun':>10} {'ratio':>7}")
     for n, r in results.get("launcher", {}).items():
         print(f"{n:>5} {r['zerocourse_s']:>17.3f}s {r['torchrun_s']:>9.2f}s {r['ratio']:>7.3f}")
+    if "first_launch" in results:
+        f = results["first_launch"]
+        print(f"first launch in a fresh interpreter (fork server start included): "
+              f"{f['first_launch_s']:.2f}s, after {f['import_s']:.2f}s of imports "
+              f"(median of {f['repeats']})")
+    if "stress" in results:
+        print(f"\nstress: K kernels launching at once (2 and 4 ranks; collectives, none, rank 0 "
+              f"returning at once) beside {next(iter(results['stress'].values()))['burners']} "
+              f"CPU burners")
+        print(f"{'K':>2} {'launches':>8} {'failures':>8} {'launch/s':>8} {'p50 s':>6} {'p95 s':>6} "
+              f"{'max s':>6} {'first s':>7} {'leftover':>8}")
+        for k, r in results["stress"].items():
+            print(f"{k:>2} {r['launches']:>8} {r['failures']:>8} {r['launches_per_s']:>8.2f} "
+                  f"{r['p50_s']:>6.2f} {r['p95_s']:>6.2f} {r['max_s']:>6.2f} "
+                  f"{r['first_launch_s']:>7.2f} {len(r['leftover']):>8}")
+            for line in r["failure_lines"]:
+                print(f"   {line}")
     print(f"\nstages (TinyGPT, {results.get('params')} params; times fp32, bytes bf16 + fp32 Adam)")
     print(f"{'N':>2} {'stage':>5} {'torch equivalent':>24} {'ours ms':>8} {'torch ms':>9} {'ratio':>6} "
           f"{'held kB':>8} {'formula':>8} {'sent kB':>8} {'formula':>8}")
