@@ -480,3 +480,30 @@ def test_trusted_mode_drops_reports(monkeypatch):
     monkeypatch.delenv("ZEROCOURSE_TRUSTED")
     assert launch(_returns, 2, "report", on_report=lambda r, v: seen.append(v)) == [0, 1]
     assert seen == [{"step": 1}, {"step": 1}]
+
+
+def _spins_with_a_fifo(rank, world_size, tmp):
+    """Rank 1 swaps its stack file for a FIFO (opening it for reading would block)."""
+    import glob
+    if rank == 1:
+        for path in glob.glob(os.path.join(tmp, "zerocourse-launch-*", "stack-1.txt")):
+            os.unlink(path)
+            os.mkfifo(path)
+    while True: pass                       # noqa: E701
+
+
+def test_trusted_timeout_reads_no_file_a_rank_names_and_never_blocks(monkeypatch, tmp_path):
+    launch(_returns_at_once, 1)                        # the fork server is up: 4 s are the ranks'
+    monkeypatch.setenv("ZEROCOURSE_TRUSTED", "1")
+    with pytest.raises(RankTimeoutError) as info:
+        launch(_spins, 2, timeout=4)
+    msg = str(info.value)
+    assert "in _spins" in msg                          # the frame, from the rank's dump
+    assert "while True: pass" not in msg               # but no line of a file it names
+    monkeypatch.setenv("TMPDIR", str(tmp_path))        # the launch's folder, to find the file
+    import tempfile
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    t0 = time.monotonic()
+    with pytest.raises(RankTimeoutError):
+        launch(_spins_with_a_fifo, 2, str(tmp_path), timeout=4)
+    assert time.monotonic() - t0 < 15
