@@ -338,10 +338,12 @@ def _drain(r: _Rank) -> None:
                 r.died, r.failed_at = _death_text(r.proc.exitcode), time.monotonic()
             return
         try:
-            _handle(r, data[:1], data[1:])
+            report = _handle(r, data[:1], data[1:])
         except Exception as e:           # whatever a rank sends, the launcher stays up
             _malformed(r, f"{type(e).__name__}: {str(e)[:200]}")
             return
+        if report is not None:           # runs in the kernel: progress bars, curves
+            r.on_report(r.rank, report)
 
 
 def _malformed(r: _Rank, why: str) -> None:
@@ -353,26 +355,32 @@ def _malformed(r: _Rank, why: str) -> None:
         r.failed_at = time.monotonic()
 
 
-def _handle(r: _Rank, kind: bytes, payload: bytes) -> None:
-    """Act on one message (see zerocourse._rank.KINDS); raises ValueError on a bad one."""
+# An error report's fields (JSON), and their types; "exception" (a str) only in normal mode.
+_ERROR_FIELDS = {"type": str, "message": str, "traceback": str, "in_call": str, "joining": bool}
+
+
+def _handle(r: _Rank, kind: bytes, payload: bytes):
+    """Act on one message (see zerocourse._rank.KINDS); raises on a malformed one.
+
+    Returns:
+        the values of a report for on_report to draw (normal mode only), else None.
+    """
     if kind in (b"o", b"e"):
         _emit(r, "stdout" if kind == b"o" else "stderr", payload.decode("utf-8", "replace"))
     elif kind == b"c":
         r.last_call = payload.decode("utf-8", "replace")[:300]
     elif kind == b"r":
-        if r.on_report is not None and not r.trusted:   # runs in the kernel: progress, curves
-            r.on_report(r.rank, cloudpickle.loads(payload))
+        if r.on_report is not None and not r.trusted:
+            return cloudpickle.loads(payload)
     elif kind == b"v":
         if r.finished:
             raise ValueError("a second result")
         r.result, r.has_result = payload, True
     elif kind == b"x":
         info = json.loads(payload.decode("utf-8"))
-        fields = {"type": str, "message": str, "traceback": str, "in_call": str,
-                  "joining": bool, "exception": str}
-        if not isinstance(info, dict) or set(info) - set(fields) or not all(
-                isinstance(info.get(k), t) for k, t in fields.items() if k != "exception") \
-                or not isinstance(info.get("exception", ""), str):
+        if not (isinstance(info, dict) and set(info) <= set(_ERROR_FIELDS) | {"exception"}
+                and all(isinstance(info.get(k), t) for k, t in _ERROR_FIELDS.items())
+                and isinstance(info.get("exception", ""), str)):
             raise ValueError("an error report with unexpected fields")
         if r.has_result:
             raise ValueError("an error report after a result")
@@ -380,6 +388,7 @@ def _handle(r: _Rank, kind: bytes, payload: bytes) -> None:
             r.error, r.failed_at = info, time.monotonic()
     else:
         raise ValueError(f"unknown message kind {kind!r}")
+    return None
 
 
 def _death_text(exitcode) -> str:
