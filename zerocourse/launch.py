@@ -696,6 +696,10 @@ def launch(fn, world_size: int, *args, backend: str = "auto", timeout: float | N
             (default ZEROCOURSE_COLLECTIVE_TIMEOUT or 20, capped at timeout / 2).
         on_report: called as on_report(rank, values) in the notebook, while the ranks run,
             for each `zerocourse.report(**values)` a rank makes (see zerocourse.progress).
+    In the grader's trusted kernel (ZEROCOURSE_TRUSTED=1) nothing a rank sends is unpickled:
+    results must be plain values, tensors or Fractions (torch.load(weights_only=True)), an
+    exception keeps its class only if it is a common builtin one, on_report gets nothing.
+
     Raises:
         RankError: the first rank that failed (also an instance of its exception's class).
         RankTimeoutError: ranks that did not finish in time, with their last collective and stack.
@@ -727,7 +731,8 @@ def launch(fn, world_size: int, *args, backend: str = "auto", timeout: float | N
             time.sleep(0.5 * (attempt + 1))          # let a burst of load pass
         except RankError as failure:
             # The message carries the rank's own traceback; the launcher's frames would only
-            # stand between it and the learner's cell (IPython always shows the raising frame).
+            # stand between it and the learner's cell (and RankError._render_traceback_ drops
+            # this last one from what IPython shows).
             raise failure.with_traceback(None) from None
 
 
