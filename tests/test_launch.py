@@ -1,5 +1,6 @@
 """zerocourse.launch: results, output, failures, deadlocks, hangs, bad arguments, no leftovers."""
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -284,3 +285,225 @@ def test_a_join_that_keeps_failing_is_reported(monkeypatch):
     monkeypatch.setattr(zl, "_FAIL_JOIN_TIMES", zl.JOIN_ATTEMPTS)
     with pytest.raises(zl.RankError, match=r"rank 2 failed with RuntimeError: Gloo connectFullMesh"):
         launch(_ranks_ran, 3)
+
+
+# --------------------------------------------------------------------------
+# honest messages
+# --------------------------------------------------------------------------
+def _rank0_returns_rank1_raises(rank, world_size):
+    if rank == 1:
+        time.sleep(0.3)                    # rank 0 has returned by now
+        raise ValueError("a plain mistake, no collective involved")
+    return rank
+
+
+def test_no_collective_hint_without_a_rank_stuck_in_a_collective():
+    with pytest.raises(ValueError) as info:
+        launch(_rank0_returns_rank1_raises, 2, timeout=30)
+    msg = str(info.value)
+    assert "a plain mistake" in msg and "rank 0: returned" in msg
+    assert "only some ranks" not in msg
+
+
+def _returns_at_once(rank, world_size):
+    return rank
+
+
+def test_ranks_that_return_at_once_never_break_a_peer_still_joining():
+    """Rank 0 returning (and tearing down) at once used to break peers still in gloo's
+    connectFullMesh under load; every rank now waits until all have joined."""
+    for n in (2, 4):
+        for _ in range(5):
+            assert launch(_returns_at_once, n, timeout=60) == list(range(n))
+
+
+def test_deadlock_message_is_short_lines_with_the_rank_status():
+    with pytest.raises(RankError) as info:
+        launch(_mismatched, 2, timeout=20, collective_timeout=3)
+    lines = str(info.value).splitlines()
+    assert max(map(len, lines)) <= 100, max(lines, key=len)
+    assert "--- ranks ---" in lines
+    assert any(line.startswith("  rank 0: ") for line in lines)
+    assert any(line.startswith("  rank 1: ") for line in lines)
+
+
+def test_cpp_log_lines_are_kept_out_of_the_cell(capsys):
+    from zerocourse.launch import _emit, _Rank
+    r = _Rank(0, None, None)
+    _emit(r, "stderr", "[E1130 13:40:00.123456 4242 ProcessGroupGloo.cpp:67] Gloo connectFullMesh "
+                       "failed with ...\nthe learner's own stderr line\n")
+    _, err = capsys.readouterr()
+    assert err == "[rank 0] the learner's own stderr line\n"
+    assert r.cpp_log and "connectFullMesh" in r.cpp_log[0]
+
+
+def test_no_launcher_frame_in_the_traceback_ipython_shows():
+    from IPython.core.interactiveshell import InteractiveShell
+    shell = InteractiveShell.instance()
+    shell.user_ns["_fails_on"] = _fails_on
+    result = shell.run_cell("from zerocourse import launch\nlaunch(_fails_on, 2, 1, timeout=30)",
+                            silent=True)
+    err = result.error_in_exec
+    assert isinstance(err, ValueError) and isinstance(err, RankError)
+    shown = re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(err._render_traceback_()))
+    assert "launch(_fails_on, 2, 1, timeout=30)" in shown       # the learner's cell line
+    assert 'raise ValueError(f"bad value on rank {rank}")' in shown   # the rank's line
+    assert "zerocourse/launch.py" not in shown and "with_traceback" not in shown
+
+
+# --------------------------------------------------------------------------
+# the pipe: whatever a rank writes, the launcher stays up
+# --------------------------------------------------------------------------
+def _writes_garbage(rank, world_size, what):
+    from zerocourse import _rank
+    conn = _rank._CHANNEL.conn
+    if rank == 1:
+        conn.send_bytes(what)
+        time.sleep(5)
+    return rank
+
+
+@pytest.mark.parametrize("what", [b"\x00not a kind", b"x{not json", b'x{"type": 1}', b"",
+                                  b"v" + b"\x80\x04junk"])
+def test_garbage_on_the_pipe_is_that_ranks_failure(what, monkeypatch):
+    monkeypatch.setenv("ZEROCOURSE_TRUSTED", "1")
+    t0 = time.monotonic()
+    with pytest.raises(RankError) as info:
+        launch(_writes_garbage, 2, what, timeout=30)
+    assert info.value.rank == 1, str(info.value)
+    assert time.monotonic() - t0 < 10
+
+
+# --------------------------------------------------------------------------
+# trusted mode (the grader's kernel, ZEROCOURSE_TRUSTED=1): nothing a rank sends is unpickled
+# --------------------------------------------------------------------------
+class _OpensAFile:
+    """Unpickling this object creates the file at `path` (what an attack would do)."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+class _Liar(int):
+    def __eq__(self, other):
+        return True
+
+    __hash__ = int.__hash__
+
+
+class _Custom:
+    pass
+
+
+class _LearnerError(Exception):
+    pass
+
+
+def _returns(rank, world_size, what, path=None):
+    if what == "file":
+        return _OpensAFile(path)
+    if what == "liar":
+        return _Liar(3)
+    if what == "custom":
+        return _Custom()
+    if what == "plain":
+        from fractions import Fraction
+        return {"t": torch.arange(3.0) * rank, "l": [1, 2.5, "x", (True, None)],
+                "f": Fraction(1, 3), "n": rank}
+    if what == "ValueError":
+        raise ValueError("learner's ValueError")
+    if what == "custom-error":
+        raise _LearnerError("learner's own class")
+    if what == "report":
+        from zerocourse import report
+        report(step=1)
+        return rank
+
+
+def test_trusted_mode_never_unpickles_a_returned_object(tmp_path, monkeypatch):
+    path = tmp_path / "written-by-unpickling"
+    monkeypatch.setenv("ZEROCOURSE_TRUSTED", "1")
+    with pytest.raises(RankError, match="returned a value the grader cannot accept"):
+        launch(_returns, 2, "file", str(path))
+    assert not path.exists()
+    # The same value in a learner's kernel is unpickled (so the check above can fail):
+    monkeypatch.delenv("ZEROCOURSE_TRUSTED")
+    files = launch(_returns, 1, "file", str(path))
+    files[0].close()
+    assert path.exists()
+
+
+@pytest.mark.parametrize("what", ["liar", "custom"])
+def test_trusted_mode_rejects_objects_other_than_plain_values(what, monkeypatch):
+    monkeypatch.setenv("ZEROCOURSE_TRUSTED", "1")
+    with pytest.raises(RankError) as info:
+        launch(_returns, 2, what)
+    msg = str(info.value)
+    assert "rank 0 returned a value the grader cannot accept" in msg
+    assert "return plain values (numbers, strings, tensors, lists, tuples, dicts)" in " ".join(
+        msg.split())
+
+
+def test_trusted_mode_returns_plain_values_tensors_and_fractions(monkeypatch):
+    from fractions import Fraction
+    monkeypatch.setenv("ZEROCOURSE_TRUSTED", "1")
+    out = launch(_returns, 2, "plain")
+    for rank, got in enumerate(out):
+        assert torch.equal(got["t"], torch.arange(3.0) * rank)
+        assert got["l"] == [1, 2.5, "x", (True, None)] and got["n"] == rank
+        assert got["f"] == Fraction(1, 3) and type(got["f"]) is Fraction
+
+
+def test_trusted_mode_raises_builtin_exception_classes_only(monkeypatch):
+    monkeypatch.setenv("ZEROCOURSE_TRUSTED", "1")
+    with pytest.raises(ValueError) as info:
+        launch(_returns, 2, "ValueError")
+    assert isinstance(info.value, RankError) and "learner's ValueError" in str(info.value)
+    with pytest.raises(RankError) as info:
+        launch(_returns, 2, "custom-error")
+    assert not isinstance(info.value, _LearnerError)
+    assert "_LearnerError: learner's own class" in str(info.value)
+    # while a learner's kernel gets its own class back
+    monkeypatch.delenv("ZEROCOURSE_TRUSTED")
+    with pytest.raises(_LearnerError):
+        launch(_returns, 2, "custom-error")
+
+
+def test_trusted_mode_drops_reports(monkeypatch):
+    seen = []
+    monkeypatch.setenv("ZEROCOURSE_TRUSTED", "1")
+    assert launch(_returns, 2, "report", on_report=lambda r, v: seen.append(v)) == [0, 1]
+    assert seen == []
+    monkeypatch.delenv("ZEROCOURSE_TRUSTED")
+    assert launch(_returns, 2, "report", on_report=lambda r, v: seen.append(v)) == [0, 1]
+    assert seen == [{"step": 1}, {"step": 1}]
+
+
+def _spins_with_a_fifo(rank, world_size, tmp):
+    """Rank 1 swaps its stack file for a FIFO (opening it for reading would block)."""
+    import glob
+    if rank == 1:
+        for path in glob.glob(os.path.join(tmp, "zerocourse-launch-*", "stack-1.txt")):
+            os.unlink(path)
+            os.mkfifo(path)
+    while True: pass                       # noqa: E701
+
+
+def test_trusted_timeout_reads_no_file_a_rank_names_and_never_blocks(monkeypatch, tmp_path):
+    launch(_returns_at_once, 1)                        # the fork server is up: 4 s are the ranks'
+    monkeypatch.setenv("ZEROCOURSE_TRUSTED", "1")
+    with pytest.raises(RankTimeoutError) as info:
+        launch(_spins, 2, timeout=4)
+    msg = str(info.value)
+    assert "in _spins" in msg                          # the frame, from the rank's dump
+    assert "while True: pass" not in msg               # but no line of a file it names
+    monkeypatch.setenv("TMPDIR", str(tmp_path))        # the launch's folder, to find the file
+    import tempfile
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    t0 = time.monotonic()
+    with pytest.raises(RankTimeoutError):
+        launch(_spins_with_a_fifo, 2, str(tmp_path), timeout=4)
+    assert time.monotonic() - t0 < 15

@@ -5,20 +5,20 @@ rank is then a fork of that clean server, which is why a launch costs about a
 fork and not an `import torch` per rank. Nothing here runs a torch op before
 the fork, so no OpenMP thread pool is inherited.
 
-A rank talks to the launcher over one pipe (a multiprocessing Connection).
-Messages are tuples:
-    ("out", stream, bytes)   captured stdout/stderr (fd level, so C++ prints too)
-    ("enter", text)          a torch.distributed call this rank just entered
-    ("report", dict)         zerocourse.report(...) values, for launch(on_report=...)
-    ("error", info_dict)     fn raised; info has type, message, traceback text, and
-                             joining=True if it happened while joining the process group
-    ("result", bytes)        cloudpickled return value of fn
+A rank talks to the launcher over one pipe (a multiprocessing Connection) in
+framed bytes, never pickle on the launcher's side of trust: each message is one
+`send_bytes` of a kind byte and a payload (see KINDS). The launcher in a grader's
+trusted kernel decodes only bytes, UTF-8, JSON and `torch.load(weights_only=True)`.
 """
 from __future__ import annotations
 
+import base64
 import ctypes
 import datetime
 import faulthandler
+import functools
+import io
+import json
 import linecache
 import os
 import selectors
@@ -30,10 +30,46 @@ import traceback
 import cloudpickle
 import torch
 import torch.distributed as dist
-# Imported here, once, in the fork server: a TorchDispatchMode's first use imports
-# torch._dynamo (~1.2 s), which every rank would otherwise pay again.
-import torch._dynamo  # noqa: F401
-import zerocourse.comm  # noqa: F401
+
+
+def _disable_dynamo_lazily(fn=None, recursive: bool = True):
+    """torch._disable_dynamo without importing torch._dynamo until something else does.
+
+    Every TorchDispatchMode subclass (the comm tracer, memory trackers) wraps its
+    __torch_dispatch__ this way, and the first call imports torch._dynamo and sympy:
+    ~1.2 s idle, ~5 s under load, paid by every rank again (ranks are fresh forks),
+    or by the fork server's start if it imported them. Before torch._dynamo is
+    imported nothing is being compiled, so there is nothing to disable: call fn.
+    """
+    if fn is None:
+        return functools.partial(_disable_dynamo_lazily, recursive=recursive)
+    disabled = _disable_dynamo(fn, recursive)
+
+    @functools.wraps(fn)
+    def inner(*args, **kwargs):
+        if "torch._dynamo" in sys.modules:
+            return disabled(*args, **kwargs)
+        return fn(*args, **kwargs)
+    return inner
+
+
+_disable_dynamo, torch._disable_dynamo = torch._disable_dynamo, _disable_dynamo_lazily
+import zerocourse.comm  # noqa: E402,F401 - after the patch: its tracer is a TorchDispatchMode
+
+# Message kinds (first byte of each message) and their payloads:
+KINDS = {
+    b"o": "stdout bytes, captured at fd level (C++ prints too)",
+    b"e": "stderr bytes",
+    b"c": "UTF-8 text: a torch.distributed call this rank just entered",
+    b"r": "cloudpickled zerocourse.report(...) values (dropped by a trusted launcher)",
+    b"x": "JSON error: type, message, traceback, in_call (str), joining (bool); in normal "
+          "mode also exception (base64 cloudpickle)",
+    b"v": "the return value: cloudpickle, or torch.save bytes when the launcher is trusted",
+}
+# Largest message the launcher accepts (a bigger one is that rank's failure).
+MAX_MESSAGE = 256 * 2**20
+# Key every rank adds 1 to once its process group exists; fn runs when it reaches world_size.
+_JOINED = "zerocourse/joined"
 
 # Bytes of output forwarded per stream before the rest is dropped (counted).
 OUTPUT_LIMIT = int(os.environ.get("ZEROCOURSE_OUTPUT_LIMIT", 200_000))
@@ -54,16 +90,29 @@ _CHANNEL = None
 
 
 class _Channel:
-    """A thread-safe sender over the launcher's Connection."""
+    """A thread-safe sender of framed messages over the launcher's Connection."""
 
     def __init__(self, conn):
         self.conn = conn
         self.lock = threading.Lock()
 
-    def send(self, msg) -> None:
+    def send(self, msg: tuple) -> None:
+        """Send ("out", stream, bytes), ("enter", text), ("report", bytes), ("error", dict)
+        or ("result", bytes) as one framed message."""
+        kind = msg[0]
+        if kind == "out":
+            data = (b"o" if msg[1] == "stdout" else b"e") + msg[2]
+        elif kind == "enter":
+            data = b"c" + msg[1].encode("utf-8", "replace")
+        elif kind == "report":
+            data = b"r" + msg[1]
+        elif kind == "error":
+            data = b"x" + json.dumps(msg[1]).encode()
+        else:
+            data = b"v" + msg[1]
         with self.lock:
             try:
-                self.conn.send(msg)
+                self.conn.send_bytes(data)
             except (OSError, ValueError):
                 pass  # launcher gone: nothing left to tell
 
@@ -121,15 +170,24 @@ def _describe_args(args) -> str:
     return ", ".join(parts)
 
 
+# The watched call this rank is inside ("" when none): an error raised there, after a peer
+# returned, is the evidence for the launcher's "collective on only some ranks" hint.
+_IN_CALL = ""
+
+
 def _watch_collectives(chan: _Channel) -> None:
     """Wrap torch.distributed's public calls to report each entry to the launcher."""
     counter = [0]
 
     def wrap(name, fn):
         def watched(*args, **kwargs):
+            global _IN_CALL
             counter[0] += 1
-            chan.send(("enter", f"{name}({_describe_args(args)}) [call #{counter[0]}]"))
-            return fn(*args, **kwargs)
+            _IN_CALL = f"{name}({_describe_args(args)}) [call #{counter[0]}]"
+            chan.send(("enter", _IN_CALL))
+            out = fn(*args, **kwargs)
+            _IN_CALL = ""                   # left normally (an exception keeps it set)
+            return out
         watched.__wrapped__ = fn
         watched._zc_watched = True
         watched.__name__ = fn.__name__
@@ -180,18 +238,66 @@ def rename_cells(text: str, cell_names: dict[str, str]) -> str:
     return text
 
 
-def _error_info(exc: BaseException, cell_names: dict[str, str]) -> dict:
+def _error_info(exc: BaseException, cell_names: dict[str, str], trusted: bool) -> dict:
+    """What the launcher needs to show exc: plain strings (and, unless trusted, the pickle)."""
     te = traceback.TracebackException.from_exception(exc)
     # Hide the launcher's own frames: the learner's code is what matters.
     te.stack = traceback.StackSummary.from_list(
         [f for f in te.stack if not f.filename.endswith(os.path.join("zerocourse", "_rank.py"))])
     tb = "".join(te.format())
     try:
-        pickled = cloudpickle.dumps(exc)
-    except Exception:
-        pickled = None
-    return {"type": type(exc).__name__, "module": type(exc).__module__, "message": str(exc),
-            "traceback": rename_cells(tb, cell_names), "exception": pickled}
+        message = str(exc)
+    except Exception:                      # a learner's __str__ that raises
+        message = f"<{type(exc).__name__} whose message cannot be shown>"
+    info = {"type": type(exc).__name__, "message": message,
+            "traceback": rename_cells(tb, cell_names), "in_call": _IN_CALL}
+    if not trusted:            # a learner's kernel gets the exception's own class back
+        try:
+            info["exception"] = base64.b64encode(cloudpickle.dumps(exc)).decode()
+        except Exception:
+            pass
+    return info
+
+
+def _encode_result(result, rank: int, trusted: bool) -> bytes:
+    """The return value as bytes: torch.save for a trusted launcher (it loads with
+    weights_only=True), cloudpickle otherwise (any picklable object)."""
+    try:
+        if trusted:
+            buf = io.BytesIO()
+            torch.save(result, buf)
+            return buf.getvalue()
+        return cloudpickle.dumps(result)
+    except Exception as e:
+        raise TypeError(f"the return value of rank {rank} ({type(result).__name__}) cannot be "
+                        f"pickled back to the notebook: {e}. Return plain Python values or "
+                        f"tensors.") from None
+
+
+def _join(spec: dict, rank: int) -> None:
+    """Form the process group, then wait until every rank has formed it.
+
+    The rendezvous store is a file in the launch's private temporary folder, not a TCPStore:
+    its server listens with backlog -1, which a sandboxed network stack (gVisor) turns into
+    a queue so short that ranks connecting at once wait out a SYN retransmit (~5 s).
+    Without the wait, a rank whose fn returns at once tears its group down while a
+    peer is still inside gloo's connectFullMesh, which then fails ("Connection closed
+    by peer"): under load, the learner would see an error no code of theirs caused.
+    """
+    world_size, timeout = spec["world_size"], datetime.timedelta(seconds=spec["coll_timeout"])
+    device = None
+    if spec["backend"] == "nccl":
+        torch.cuda.set_device(rank)
+        device = torch.device("cuda", rank)
+    store = dist.FileStore(spec["store"], world_size)
+    store.set_timeout(timeout)
+    kwargs = {"device_id": device} if device is not None else {}
+    dist.init_process_group(spec["backend"], store=store, rank=rank, world_size=world_size,
+                            timeout=timeout, **kwargs)
+    if store.add(_JOINED, 1) == world_size:
+        store.set(_JOINED + "/all", b"1")
+    store.wait([_JOINED + "/all"])
+
 
 
 def rank_main(spec: dict, rank: int, conn) -> None:
@@ -199,7 +305,8 @@ def rank_main(spec: dict, rank: int, conn) -> None:
 
     Args:
         spec: what every rank shares: payload (cloudpickled fn, args, kwargs), world_size,
-            backend, store host/port, collective timeout, cwd, sys_path, cell sources and names.
+            backend, store (file path), collective timeout, cwd, sys_path, cell sources and
+            names, trusted (encode the result for torch.load(weights_only=True)).
         rank: this process's rank.
         conn: write end of the pipe to the launcher.
     """
@@ -220,33 +327,19 @@ def rank_main(spec: dict, rank: int, conn) -> None:
     # Ranks talk over loopback only (the fork server's environment is frozen at its
     # start, so set it here rather than in the kernel).
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo0" if sys.platform == "darwin" else "lo")
-    world_size = spec["world_size"]
-    joining = True             # True until the process group exists (no user code has run)
+    world_size, trusted = spec["world_size"], spec.get("trusted", False)
+    joining = True             # True until every rank has joined (no user code has run)
     try:
         if rank in spec.get("fail_join", ()):   # tests: a rendezvous that fails under load
             raise RuntimeError("Gloo connectFullMesh failed with [simulated by a test]")
-        backend = spec["backend"]
-        device = None
-        if backend == "nccl":
-            torch.cuda.set_device(rank)
-            device = torch.device("cuda", rank)
-        store = dist.TCPStore(spec["host"], spec["port"], world_size, is_master=False,
-                              timeout=datetime.timedelta(seconds=spec["coll_timeout"]))
-        kwargs = {"device_id": device} if device is not None else {}
-        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
-                                timeout=datetime.timedelta(seconds=spec["coll_timeout"]), **kwargs)
+        _join(spec, rank)
         _watch_collectives(chan)
         joining = False
         fn, args, kwargs = cloudpickle.loads(spec["payload"])
         result = fn(rank, world_size, *args, **kwargs)
-        try:
-            msg = ("result", cloudpickle.dumps(result))
-        except Exception as e:
-            raise TypeError(f"the return value of rank {rank} ({type(result).__name__}) cannot be "
-                            f"pickled back to the notebook: {e}. Return plain Python values or "
-                            f"tensors.") from None
+        msg = ("result", _encode_result(result, rank, trusted))
     except BaseException as exc:  # noqa: BLE001 - SystemExit/KeyboardInterrupt are reported too
-        msg = ("error", dict(_error_info(exc, cell_names), joining=joining))
+        msg = ("error", dict(_error_info(exc, cell_names, trusted), joining=joining))
     finally:
         if dist.is_initialized():
             try:

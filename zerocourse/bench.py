@@ -2,7 +2,9 @@
 
 Not a timed test: it measures and reports, in one run (`--only launcher,stages,...` for parts):
 1. the launcher: median launch + teardown of a trivial all-reduce on 2 and 4 ranks, for
-   zerocourse.launch (ranks forked from a fork server) and torchrun;
+   zerocourse.launch (ranks forked from a fork server) and torchrun, and the first launch
+   in a fresh interpreter; under stress (`--only stress`): K = 1, 4, 8 kernels launching
+   at once beside CPU burners, launches per second, failures, p50/p95 launch time;
 2. every stage, the course's reference implementation (loaded from solutions/ with the
    notebook loader) against torch's own on the same TinyGPT, data and N (2 and 4 gloo
    ranks): DP vs DistributedDataParallel, ZeRO-1 vs ZeroRedundancyOptimizer, ZeRO-2 vs FSDP
@@ -15,6 +17,10 @@ Not a timed test: it measures and reports, in one run (`--only launcher,stages,.
 results.json schema:
     {"machine": {"cpus": int, "torch": str},
      "launcher": {"<N>": {"zerocourse_s", "torchrun_s", "ratio", "repeats"}},
+     "first_launch": {"first_launch_s", "import_s", "repeats"},  # fresh interpreter
+     "stress": {"<K>": {"kernels", "burners", "launches", "failures", "failure_lines",
+                        "launches_per_s", "p50_s", "p95_s", "max_s",
+                        "first_launch_s", "leftover"}},       # K kernels at once, see bench_stress
      "stages": {"<N>": {"<stage 0-3>": {
          "ours": str, "torch": str,                # what ran
          "ours_step_s", "torch_step_s", "ratio",   # median step time, ours / torch's
@@ -87,6 +93,173 @@ def bench_launcher(world_sizes=(2, 4), repeats: int = 7, torchrun_repeats: int =
             out[str(n)] = {"zerocourse_s": round(ours, 4), "torchrun_s": round(theirs, 3),
                            "ratio": round(ours / theirs, 4), "repeats": repeats}
     return out
+
+
+# --------------------------------------------------------------------------
+# the launcher under stress: K notebook kernels launching at once beside CPU burners
+# --------------------------------------------------------------------------
+def _stress_collectives(rank, world_size):
+    import torch
+    import torch.distributed as dist
+    t = torch.ones(4)
+    dist.all_reduce(t)
+    dist.broadcast(t, 0)
+    return t.sum().item()
+
+
+def _stress_nothing(rank, world_size):
+    return rank
+
+
+def _stress_rank0_first(rank, world_size):
+    import time
+    if rank != 0:
+        time.sleep(0.02)        # rank 0 returns (and would tear down) while this rank is busy
+    return rank
+
+
+# (name, world_size, fn): every launch a notebook makes in 00's sweep and the demos.
+STRESS_SCENARIOS = [("collectives", 2, _stress_collectives), ("collectives", 4, _stress_collectives),
+                    ("nothing", 2, _stress_nothing), ("nothing", 4, _stress_nothing),
+                    ("rank0-first", 2, _stress_rank0_first), ("rank0-first", 4, _stress_rank0_first)]
+
+
+def _stress_kernel(rounds: int) -> dict:
+    """One "kernel": its own launcher and fork server, `rounds` x every scenario.
+
+    Args:
+        rounds: how many times each scenario of STRESS_SCENARIOS is launched.
+    Returns:
+        first_s (the first launch, fork server start included), times (s, each later launch),
+        failures (one line each), start/end (time.time() of the steady part).
+    """
+    t0 = time.perf_counter()
+    launch(_stress_nothing, 2, timeout=120)
+    first = time.perf_counter() - t0
+    times, failures = [], []
+    start = time.time()
+    for _ in range(rounds):
+        for name, n, fn in STRESS_SCENARIOS:
+            t0 = time.perf_counter()
+            try:
+                out = launch(fn, n, timeout=60)
+                if fn is _stress_nothing or fn is _stress_rank0_first:
+                    assert out == list(range(n)), out
+            except Exception as e:                 # noqa: BLE001 - every failure is counted
+                failures.append(f"{name}/{n}: {type(e).__name__}: {str(e).splitlines()[0][:300]}")
+            times.append(time.perf_counter() - t0)
+    return {"first_s": first, "times": times, "failures": failures, "start": start,
+            "end": time.time()}
+
+
+def _burn() -> None:
+    while True:
+        pass
+
+
+def bench_stress(kernels: int = 4, rounds: int = 5, burners: int = 2, timeout: float = 300) -> dict:
+    """K kernels (separate processes, each with its own fork server) launching at once.
+
+    Args:
+        kernels: concurrent kernels K.
+        rounds: rounds of STRESS_SCENARIOS per kernel (6 launches a round).
+        burners: processes spinning on a core each, beside them.
+        timeout: seconds before the kernels are killed (counted as failures).
+    Returns:
+        launches, failures (and the first few failure lines), launches_per_s (sustained, first
+        launches excluded), p50_s, p95_s, max_s, first_launch_s (median over kernels),
+        leftover (processes still alive afterwards).
+    """
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    burn = [subprocess.Popen([sys.executable, "-c", "from zerocourse.bench import _burn; _burn()"],
+                             env=env) for _ in range(burners)]
+    procs = [subprocess.Popen([sys.executable, "-m", "zerocourse.bench", "--stress-kernel",
+                               str(rounds)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env=env, start_new_session=True) for _ in range(kernels)]
+    pids = [p.pid for p in procs]
+    reports, errors = [], []
+    deadline = time.monotonic() + timeout
+    try:
+        for p in procs:
+            try:
+                out, err = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, 9)
+                out, err = p.communicate()
+                errors.append(f"kernel {p.pid} timed out")
+                continue
+            line = [x for x in out.splitlines() if x.startswith("{")]
+            if p.returncode != 0 or not line:
+                errors.append(f"kernel {p.pid} exited {p.returncode}: {err[-500:]}")
+                continue
+            reports.append(json.loads(line[-1]))
+    finally:
+        for b in burn:
+            b.kill()
+            b.wait()
+        for p in procs:                      # interrupted: no kernel (nor its ranks) survives
+            if p.poll() is None:
+                os.killpg(p.pid, 9)
+                p.wait()
+    time.sleep(0.5)                          # fork servers exit when their kernel's pipe closes
+    leftover = [pid for pid in _session_members(pids)]
+    times = sorted(t for r in reports for t in r["times"])
+    failures = [f for r in reports for f in r["failures"]] + errors
+    span = (max(r["end"] for r in reports) - min(r["start"] for r in reports)) if reports else 0
+    q = (lambda f: times[min(len(times) - 1, int(f * len(times)))]) if times else (lambda f: float("nan"))
+    return {"kernels": kernels, "burners": burners, "launches": len(times) + len(reports),
+            "failures": len(failures), "failure_lines": failures[:5],
+            "launches_per_s": round(len(times) / span, 2) if span else 0.0,
+            "p50_s": round(q(0.5), 3), "p95_s": round(q(0.95), 3), "max_s": round(q(1.0), 3),
+            "first_launch_s": round(statistics.median(r["first_s"] for r in reports), 2)
+            if reports else float("nan"), "leftover": leftover}
+
+
+def _session_members(sids: list[int]) -> list[int]:
+    """PIDs of live processes whose session id is one of `sids` (what a kernel left behind)."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z" and int(fields[3]) in sids:
+            out.append(int(entry))
+    return out
+
+
+_FIRST_LAUNCH = """
+import time
+t0 = time.perf_counter()
+import torch, zerocourse
+from zerocourse.launch import launch, warm_up
+warm_up()                                  # what `import zerocourse` does in a Jupyter kernel
+t1 = time.perf_counter()
+def f(rank, world_size):
+    return rank
+launch(f, 2)
+t2 = time.perf_counter()
+print(round(t1 - t0, 3), round(t2 - t1, 3))
+"""
+
+
+def bench_first_launch(repeats: int = 3) -> dict:
+    """The first launch in a fresh interpreter (fork server start included), right after
+    `import torch, zerocourse`: the worst case of a notebook whose next cell launches.
+
+    Returns:
+        first_launch_s (median), import_s (median time of the imports before it), repeats.
+    """
+    runs = []
+    for _ in range(repeats):
+        out = subprocess.run([sys.executable, "-c", _FIRST_LAUNCH], check=True,
+                             capture_output=True, text=True).stdout.split()
+        runs.append((float(out[-2]), float(out[-1])))
+    return {"first_launch_s": statistics.median(r[1] for r in runs),
+            "import_s": statistics.median(r[0] for r in runs), "repeats": repeats}
 
 
 STAGE_NOTEBOOKS = {0: ("02_data_parallelism", ["dp_train_step", "broadcast_parameters"]),
@@ -266,15 +439,23 @@ def main(argv=None) -> int:
     import argparse
     parser = argparse.ArgumentParser(description="Course benchmarks: figures printed and written "
                                                  "to bench/results.json (not a test).")
-    parser.add_argument("--only", default="launcher,stages,notebooks,autograde",
+    parser.add_argument("--only", default="launcher,stress,stages,notebooks,autograde",
                         help="comma-separated parts to run (default: all)")
     parser.add_argument("--blank", action="store_true",
                         help="also autograde each notebook's blank release copy (+3 min)")
+    parser.add_argument("--stress-kernel", type=int, metavar="ROUNDS", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.stress_kernel is not None:        # one kernel of bench_stress: a JSON line out
+        print(json.dumps(_stress_kernel(args.stress_kernel)))
+        return 0
     parts = set(args.only.split(","))
     results = {"machine": {"cpus": os.cpu_count(), "torch": torch.__version__}}
     if "launcher" in parts:
         results["launcher"] = bench_launcher()
+        results["first_launch"] = bench_first_launch()
+    if "stress" in parts:
+        results["stress"] = {str(k): bench_stress(kernels=k, rounds=rounds)
+                             for k, rounds in ((1, 20), (4, 8), (8, 4))}
     if "stages" in parts:
         results["stages"], results["params"] = bench_stages()
     if "notebooks" in parts:
@@ -294,6 +475,23 @@ def _print(results: dict) -> None:
     print(f"{'ranks':>5} {'zerocourse.launch':>18} {'torchrun':>10} {'ratio':>7}")
     for n, r in results.get("launcher", {}).items():
         print(f"{n:>5} {r['zerocourse_s']:>17.3f}s {r['torchrun_s']:>9.2f}s {r['ratio']:>7.3f}")
+    if "first_launch" in results:
+        f = results["first_launch"]
+        print(f"first launch in a fresh interpreter (fork server start included): "
+              f"{f['first_launch_s']:.2f}s, after {f['import_s']:.2f}s of imports "
+              f"(median of {f['repeats']})")
+    if "stress" in results:
+        print(f"\nstress: K kernels launching at once (2 and 4 ranks; collectives, none, rank 0 "
+              f"returning at once) beside {next(iter(results['stress'].values()))['burners']} "
+              f"CPU burners")
+        print(f"{'K':>2} {'launches':>8} {'failures':>8} {'launch/s':>8} {'p50 s':>6} {'p95 s':>6} "
+              f"{'max s':>6} {'first s':>7} {'leftover':>8}")
+        for k, r in results["stress"].items():
+            print(f"{k:>2} {r['launches']:>8} {r['failures']:>8} {r['launches_per_s']:>8.2f} "
+                  f"{r['p50_s']:>6.2f} {r['p95_s']:>6.2f} {r['max_s']:>6.2f} "
+                  f"{r['first_launch_s']:>7.2f} {len(r['leftover']):>8}")
+            for line in r["failure_lines"]:
+                print(f"   {line}")
     print(f"\nstages (TinyGPT, {results.get('params')} params; times fp32, bytes bf16 + fp32 Adam)")
     print(f"{'N':>2} {'stage':>5} {'torch equivalent':>24} {'ours ms':>8} {'torch ms':>9} {'ratio':>6} "
           f"{'held kB':>8} {'formula':>8} {'sent kB':>8} {'formula':>8}")

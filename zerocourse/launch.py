@@ -15,8 +15,10 @@ How it works, and why:
 - `fn` and its arguments travel by value with cloudpickle, so functions and
   classes defined in the notebook work. The cells' source travels too, so a
   rank's traceback shows the learner's lines as "Cell In[n], line k".
-- The kernel hosts the rendezvous store (a TCPStore on an OS-chosen port on
-  127.0.0.1), so concurrent launches never race for a port.
+- The rendezvous store is a file in the launch's private temporary folder
+  (a FileStore): no port to race for, and no TCP server in the kernel. Every rank
+  waits until all have joined before fn runs, so a rank that returns at once never
+  tears down while a peer is still connecting.
 - The launcher supervises: output is streamed live with a "[rank r]" prefix; the
   first rank to fail (a death is reported before the "connection closed" errors
   it causes on its peers) raises in the kernel and the others are killed; a
@@ -26,9 +28,13 @@ How it works, and why:
 """
 from __future__ import annotations
 
+import base64
+import builtins
 import collections
 import datetime
+import fractions
 import io
+import json
 import math
 import multiprocessing as mp
 import multiprocessing.connection
@@ -38,11 +44,14 @@ import pickle
 import re
 import shutil
 import signal
+import stat
 import sys
 import tempfile
+import textwrap
 import time
 import types
 import linecache
+import warnings
 
 import cloudpickle
 
@@ -61,6 +70,28 @@ _ECHO = re.compile(r"Connection closed by peer|Connection reset|Broken pipe|clos
                    r"ECONNRESET|EPIPE|SIGABRT received|Socket closed", re.I)
 
 
+# A line of torch's C++ log (glog format: "[E1130 13:40:00.123 4242 ProcessGroupGloo.cpp:67] ...").
+# Kept out of the cell: it repeats, in C++ terms, the error the rank raises in Python.
+_CPP_LOG = re.compile(r"^\[[EWIF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ [^\]]*:\d+\] ")
+# Messages are wrapped to this width, so grading feedback shows them as the notebook did.
+_WIDTH = 100
+# Largest message a rank may send the launcher (a bigger one is that rank's failure).
+_MAX_MESSAGE = 256 * 2**20
+# Trusted mode (the grader's kernel sets ZEROCOURSE_TRUSTED=1; read at each launch): ranks run
+# hostile code, so nothing they send is unpickled. Results come back through
+# torch.load(weights_only=True); exceptions come back as RankError (and the builtin class of
+# the same name when it is one of these); zerocourse.report messages are dropped.
+_TRUSTED_EXCEPTIONS = ("ValueError", "TypeError", "KeyError", "IndexError", "AssertionError",
+                       "NotImplementedError", "RuntimeError", "ZeroDivisionError",
+                       "AttributeError", "NameError", "TimeoutError", "ArithmeticError",
+                       "LookupError")
+
+
+def trusted() -> bool:
+    """True in the grader's trusted kernel (ZEROCOURSE_TRUSTED=1), read at each launch."""
+    return os.environ.get("ZEROCOURSE_TRUSTED", "") == "1"
+
+
 class RankError(RuntimeError):
     """A rank failed (raised, died, or did not finish). `.rank` names it."""
 
@@ -68,6 +99,32 @@ class RankError(RuntimeError):
         super().__init__(message)
         self.rank = rank
         self.remote_traceback = remote_traceback
+
+    def _render_traceback_(self) -> list[str]:
+        """IPython's hook: the traceback without zerocourse.launch's frames (the learner's
+        cell, then the message, which carries the rank's own traceback)."""
+        import traceback
+        tb = _without_launcher_frames(self.__traceback__)
+        try:                               # (raising here would print IPython's own error)
+            from IPython import get_ipython
+            return get_ipython().InteractiveTB.structured_traceback(type(self), self, tb)
+        except Exception:
+            return traceback.format_exception(type(self), self, tb)
+
+
+def _without_launcher_frames(tb):
+    """A copy of traceback chain tb without this file's frames (nor IPython's run_code)."""
+    frames = []
+    while tb is not None:
+        fname = tb.tb_frame.f_code.co_filename
+        if fname != __file__ and not fname.endswith(os.path.join("IPython", "core",
+                                                                 "interactiveshell.py")):
+            frames.append(tb)
+        tb = tb.tb_next
+    out = None
+    for t in reversed(frames):
+        out = types.TracebackType(out, t.tb_frame, t.tb_lasti, t.tb_lineno)
+    return out
 
 
 class RankTimeoutError(RankError, TimeoutError):
@@ -114,10 +171,10 @@ class _plain_main:
 
 
 def warm_up() -> None:
-    """Start the fork server now (it imports torch, ~3 s) so the first launch is fast.
+    """Start the fork server now (it imports torch, ~2.5 s idle) so the first launch is fast.
 
-    Called by `import zerocourse` inside a Jupyter kernel: the server starts while
-    the notebook goes on importing and building models.
+    Called by `import zerocourse` inside a Jupyter kernel (see the end of this file): the
+    server starts while the notebook goes on importing and building models.
     """
     from multiprocessing import forkserver
     _context()
@@ -221,9 +278,11 @@ def pick_backend(backend: str, world_size: int) -> str:
 class _Rank:
     """The launcher's view of one rank."""
 
-    def __init__(self, rank: int, proc, conn, on_report=None):
+    def __init__(self, rank: int, proc, conn, on_report=None, trusted: bool = False):
         self.rank, self.proc, self.conn = rank, proc, conn
         self.on_report = on_report
+        self.trusted = trusted
+        self.cpp_log: list[str] = []       # torch's C++ log lines, held back from the cell
         self.result = None
         self.has_result = False
         self.error: dict | None = None     # from an ("error", info) message
@@ -250,6 +309,9 @@ def _emit(r: _Rank, stream: str, text: str, final: bool = False) -> None:
     if final and lines and lines[-1] == "":
         lines.pop()
     out = sys.stdout if stream == "stdout" else sys.stderr
+    if stream == "stderr":
+        r.cpp_log += [line for line in lines if _CPP_LOG.match(line)][-20:]
+        lines = [line for line in lines if not _CPP_LOG.match(line)]
     for line in lines:
         if len(line) > 2000:
             line = line[:2000] + f" ... [{len(line) - 2000} characters cut]"
@@ -264,27 +326,69 @@ def _drain(r: _Rank) -> None:
         try:
             if not r.conn.poll():
                 return
-            msg = r.conn.recv()
-        except (EOFError, OSError):
+            data = r.conn.recv_bytes(_MAX_MESSAGE)
+        except (EOFError, OSError) as e:
             r.conn_open = False
-            if not r.finished:
+            if isinstance(e, OSError) and "bad message length" in str(e):
+                _malformed(r, f"a message over {_MAX_MESSAGE >> 20} MiB")
+            elif not r.finished:
                 # The pipe closed with nothing said: the rank died. Its exit status comes
                 # through the fork server, which may lag under load; wait for it a moment.
                 r.proc.join(timeout=3)
                 r.died, r.failed_at = _death_text(r.proc.exitcode), time.monotonic()
             return
-        kind = msg[0]
-        if kind == "out":
-            _emit(r, msg[1], msg[2].decode("utf-8", "replace"))
-        elif kind == "enter":
-            r.last_call = msg[1]
-        elif kind == "report":
-            if r.on_report is not None:       # runs in the kernel: draws progress, curves
-                r.on_report(r.rank, cloudpickle.loads(msg[1]))
-        elif kind == "result":
-            r.result, r.has_result = msg[1], True
-        elif kind == "error":
-            r.error, r.failed_at = msg[1], time.monotonic()
+        try:
+            report = _handle(r, data[:1], data[1:])
+        except Exception as e:           # whatever a rank sends, the launcher stays up
+            _malformed(r, f"{type(e).__name__}: {str(e)[:200]}")
+            return
+        if report is not None:           # runs in the kernel: progress bars, curves
+            r.on_report(r.rank, report)
+
+
+def _malformed(r: _Rank, why: str) -> None:
+    """A rank sent what the protocol does not allow: it failed (and is no longer read)."""
+    r.conn_open = False
+    if not r.failed:
+        r.has_result = False
+        r.died = f"sent the launcher a malformed message ({why})"
+        r.failed_at = time.monotonic()
+
+
+# An error report's fields (JSON), and their types; "exception" (a str) only in normal mode.
+_ERROR_FIELDS = {"type": str, "message": str, "traceback": str, "in_call": str, "joining": bool}
+
+
+def _handle(r: _Rank, kind: bytes, payload: bytes):
+    """Act on one message (see zerocourse._rank.KINDS); raises on a malformed one.
+
+    Returns:
+        the values of a report for on_report to draw (normal mode only), else None.
+    """
+    if kind in (b"o", b"e"):
+        _emit(r, "stdout" if kind == b"o" else "stderr", payload.decode("utf-8", "replace"))
+    elif kind == b"c":
+        r.last_call = payload.decode("utf-8", "replace")[:300]
+    elif kind == b"r":
+        if r.on_report is not None and not r.trusted:
+            return cloudpickle.loads(payload)
+    elif kind == b"v":
+        if r.finished:
+            raise ValueError("a second result")
+        r.result, r.has_result = payload, True
+    elif kind == b"x":
+        info = json.loads(payload.decode("utf-8"))
+        if not (isinstance(info, dict) and set(info) <= set(_ERROR_FIELDS) | {"exception"}
+                and all(isinstance(info.get(k), t) for k, t in _ERROR_FIELDS.items())
+                and isinstance(info.get("exception", ""), str)):
+            raise ValueError("an error report with unexpected fields")
+        if r.has_result:
+            raise ValueError("an error report after a result")
+        if not r.failed:
+            r.error, r.failed_at = info, time.monotonic()
+    else:
+        raise ValueError(f"unknown message kind {kind!r}")
+    return None
 
 
 def _death_text(exitcode) -> str:
@@ -332,15 +436,29 @@ def _stack_of(r: _Rank, tmpdir: str, cell_names: dict, sources: dict) -> str:
     text, last = "", None
     for _ in range(60):                      # up to 3 s: a busy machine delays the signal
         time.sleep(0.05)
-        with open(path) as f:
-            text = f.read()
+        text = _read_dump(path)
         if "most recent call first" in text and text == last:
             break                            # written, and no longer growing
         last = text
-    return _format_stack(text, cell_names, sources)
+    return _format_stack(text, cell_names, sources, read_files=not r.trusted)
 
 
-def _format_stack(text: str, cell_names: dict, sources: dict) -> str:
+def _read_dump(path: str) -> str:
+    """The rank's faulthandler file, read without trusting it: not through a link, never
+    blocking (a FIFO), at most 1 MiB (a dump is a few kB)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+    except OSError:
+        return ""
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return ""
+        return os.read(fd, 1 << 20).decode("utf-8", "replace")
+    finally:
+        os.close(fd)
+
+
+def _format_stack(text: str, cell_names: dict, sources: dict, read_files: bool = True) -> str:
     """Keep the main thread of a faulthandler dump, most recent call last, with source lines."""
     blocks = [b for b in text.split("\n\n") if b.strip()]
     main = [b for b in blocks if "_forward_output" not in b and "in watch" not in b]
@@ -355,7 +473,9 @@ def _format_stack(text: str, cell_names: dict, sources: dict) -> str:
             continue
         where = cell_names.get(fname, f'File "{fname}"')
         out.append(f"  {where}, line {lineno}, in {func}")
-        src = sources.get(fname) or linecache.getlines(fname)
+        # The file names come from the rank: a trusted launcher shows only the cells' lines
+        # (reading any file the rank names would show it, e.g. hidden tests, in feedback).
+        src = sources.get(fname) or (linecache.getlines(fname) if read_files else [])
         if 0 < lineno <= len(src):
             out.append(f"    {src[lineno - 1].strip()}")
     return "\n".join(out) or "  (no Python frames: stuck in native code)"
@@ -410,26 +530,57 @@ def _raise_failure(ranks: list[_Rank], retry_join: bool = False) -> None:
     status = _status_lines(ranks)
     returned = [x.rank for x in ranks if x.has_result]
     hint = ""
-    if returned and any(x.error and _ECHO.search(x.error["message"]) for x in ranks):
-        hint = (f"\nHint: rank(s) {returned} returned while others were still in a collective: "
-                f"is a collective called on only some ranks (e.g. inside `if rank == 0:`)?")
+    # The evidence for "a collective on only some ranks": a rank returned while a peer that
+    # failed was inside a collective it had called (and failed with an echo of that exit).
+    stranded = [x.rank for x in ranks if x.error and x.error.get("in_call")
+                and _ECHO.search(x.error["message"])]
+    if returned and stranded:
+        hint = (f"\nHint: rank(s) {returned} returned while rank(s) {stranded} were still in a "
+                f"collective:\nis a collective called on only some ranks (e.g. inside "
+                f"`if rank == 0:`)?")
     if r.died is not None:
-        raise RankError(f"rank {r.rank} {r.died}.\nRanks:\n{status}{hint}", rank=r.rank)
+        log = "".join(f"\n  {line}" for line in r.cpp_log[-5:])
+        raise RankError(_wrap(f"rank {r.rank} {r.died}."
+                              + (f"\nIts last C++ log lines:{log}" if log else "")
+                              + f"\nRanks:\n{status}{hint}"), rank=r.rank)
     info = r.error
-    message = (f"rank {r.rank} failed with {info['type']}: {info['message']}\n"
-               f"--- traceback from rank {r.rank} ---\n{info['traceback'].rstrip()}\n"
-               f"--- ranks ---\n{status}{hint}")
-    raise _as_original_type(info, message, r.rank)
+    message = _wrap(f"rank {r.rank} failed with {info['type']}: {info['message']}\n"
+                    f"--- traceback from rank {r.rank} ---\n{info['traceback'].rstrip()}\n"
+                    f"--- ranks ---\n{status}{hint}")
+    raise _as_original_type(info, message, r.rank, r.trusted)
 
 
-def _as_original_type(info: dict, message: str, rank: int) -> RankError:
+def _wrap(text: str, width: int = _WIDTH) -> str:
+    """Wrap long lines (gloo's one-line errors), keeping indentation, so the message reads the
+    same in a notebook and in grading feedback."""
+    out = []
+    for line in text.splitlines():
+        if len(line) <= width:
+            out.append(line)
+            continue
+        indent = line[:len(line) - len(line.lstrip())]
+        out += textwrap.wrap(line, width, initial_indent="", subsequent_indent=indent + "    ",
+                             break_long_words=True, break_on_hyphens=False) or [line[:width]]
+    return "\n".join(out)
+
+
+def _as_original_type(info: dict, message: str, rank: int, trusted: bool = False) -> RankError:
     """A RankError that is also an instance of the rank's exception class when possible,
-    so `except ValueError:` in the notebook catches a ValueError raised in a rank."""
-    try:
-        original = cloudpickle.loads(info["exception"]) if info["exception"] else None
-    except Exception:
-        original = None
-    cls = type(original) if original is not None else None
+    so `except ValueError:` in the notebook catches a ValueError raised in a rank.
+
+    Trusted mode unpickles nothing: the class is a builtin one named in _TRUSTED_EXCEPTIONS.
+    """
+    cls = None
+    if trusted:
+        if info["type"] in _TRUSTED_EXCEPTIONS:
+            cls = getattr(builtins, info["type"])
+    else:
+        try:
+            original = cloudpickle.loads(base64.b64decode(info["exception"])) \
+                if info.get("exception") else None
+        except Exception:
+            original = None
+        cls = type(original) if original is not None else None
     if cls is not None and issubclass(cls, Exception) and not issubclass(cls, RankError):
         try:
             both = type(cls.__name__, (RankError, cls), {"__module__": cls.__module__,
@@ -440,6 +591,28 @@ def _as_original_type(info: dict, message: str, rank: int) -> RankError:
         except TypeError:
             pass
     return RankError(message, rank, info["traceback"])
+
+
+def _decode_result(r: _Rank):
+    """A rank's return value: cloudpickle in a learner's kernel; in the trusted kernel only
+    what torch.load(weights_only=True) accepts (plain values, tensors, Fractions)."""
+    __tracebackhide__ = True
+    if not r.trusted:
+        try:
+            return cloudpickle.loads(r.result)
+        except Exception as e:
+            raise RankError(f"the return value of rank {r.rank} could not be unpickled in the "
+                            f"notebook: {e}", rank=r.rank) from None
+    import torch
+    try:
+        with torch.serialization.safe_globals([fractions.Fraction]), warnings.catch_warnings():
+            warnings.simplefilter("ignore")         # torch.load's notes on odd pickles
+            return torch.load(io.BytesIO(r.result), weights_only=True)
+    except Exception as e:
+        reason = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
+        raise RankError(_wrap(f"rank {r.rank} returned a value the grader cannot accept "
+                              f"({reason}): return plain values (numbers, strings, tensors, "
+                              f"lists, tuples, dicts)"), rank=r.rank) from None
 
 
 def _supervise(ranks: list[_Rank], timeout: float, deadline: float, tmpdir: str, sources,
@@ -474,14 +647,7 @@ def _supervise(ranks: list[_Rank], timeout: float, deadline: float, tmpdir: str,
             _flush_partials(ranks)
             _raise_timeout(ranks, timeout, tmpdir, sources, cell_names)
     _flush_partials(ranks)
-    out = []
-    for r in ranks:
-        try:
-            out.append(cloudpickle.loads(r.result))
-        except Exception as e:
-            raise RankError(f"the return value of rank {r.rank} could not be unpickled in the "
-                            f"notebook: {e}", rank=r.rank) from None
-    return out
+    return [_decode_result(r) for r in ranks]
 
 
 def _flush_partials(ranks: list[_Rank]) -> None:
@@ -504,10 +670,10 @@ def _raise_timeout(ranks, timeout, tmpdir, sources, cell_names) -> None:
     hint = ("Hint: a rank stuck in a collective waits for peers that never call the same "
             "collective (different op, order or count on some ranks); a rank stuck elsewhere "
             "is in a loop that does not end.")
-    raise RankTimeoutError(
+    raise RankTimeoutError(_wrap(
         f"launch timed out after {timeout:g} s: rank(s) {[r.rank for r in stuck]} did not finish"
         f"{f' (rank(s) {done} returned)' if done else ''}.\n" + "\n".join(parts) +
-        f"\n--- ranks ---\n{_status_lines(ranks)}\n{hint}", rank=stuck[0].rank)
+        f"\n--- ranks ---\n{_status_lines(ranks)}\n{hint}"), rank=stuck[0].rank)
 
 
 # --------------------------------------------------------------------------
@@ -530,6 +696,10 @@ def launch(fn, world_size: int, *args, backend: str = "auto", timeout: float | N
             (default ZEROCOURSE_COLLECTIVE_TIMEOUT or 20, capped at timeout / 2).
         on_report: called as on_report(rank, values) in the notebook, while the ranks run,
             for each `zerocourse.report(**values)` a rank makes (see zerocourse.progress).
+    In the grader's trusted kernel (ZEROCOURSE_TRUSTED=1) nothing a rank sends is unpickled:
+    results must be plain values, tensors or Fractions (torch.load(weights_only=True)), an
+    exception keeps its class only if it is a common builtin one, on_report gets nothing.
+
     Raises:
         RankError: the first rank that failed (also an instance of its exception's class).
         RankTimeoutError: ranks that did not finish in time, with their last collective and stack.
@@ -544,9 +714,9 @@ def launch(fn, world_size: int, *args, backend: str = "auto", timeout: float | N
     backend = pick_backend(backend, world_size)
     payload = _pickle_payload(fn, args, kwargs)
     sources, cell_names = _cell_sources()
-    spec = dict(payload=payload, world_size=world_size, backend=backend, host="127.0.0.1",
+    spec = dict(payload=payload, world_size=world_size, backend=backend,
                 coll_timeout=coll_timeout, cwd=os.getcwd(), sys_path=list(sys.path),
-                sources=sources, cell_names=cell_names)
+                sources=sources, cell_names=cell_names, trusted=trusted())
     deadline = time.monotonic() + timeout
     for attempt in range(JOIN_ATTEMPTS):
         spec["fail_join"] = _FAIL_JOIN if attempt < _FAIL_JOIN_TIMES else ()
@@ -561,7 +731,8 @@ def launch(fn, world_size: int, *args, backend: str = "auto", timeout: float | N
             time.sleep(0.5 * (attempt + 1))          # let a burst of load pass
         except RankError as failure:
             # The message carries the rank's own traceback; the launcher's frames would only
-            # stand between it and the learner's cell (IPython always shows the raising frame).
+            # stand between it and the learner's cell (and RankError._render_traceback_ drops
+            # this last one from what IPython shows).
             raise failure.with_traceback(None) from None
 
 
@@ -577,11 +748,8 @@ def _launch_once(spec: dict, world_size: int, timeout: float, deadline: float, o
     """One start of the ranks: a fresh store and fresh processes, supervised until `deadline`
     (time.monotonic()); `timeout` is the launch's whole budget, as the messages say it."""
     __tracebackhide__ = True
-    import torch.distributed as dist  # the kernel hosts the store; no torch op runs here
-    store = dist.TCPStore("127.0.0.1", 0, world_size, is_master=True, wait_for_workers=False,
-                          timeout=datetime.timedelta(seconds=spec["coll_timeout"]))
     tmpdir = tempfile.mkdtemp(prefix="zerocourse-launch-")
-    spec = dict(spec, port=store.port, tmpdir=tmpdir)
+    spec = dict(spec, store=os.path.join(tmpdir, "store"), tmpdir=tmpdir)
     ctx = _context()
     ranks: list[_Rank] = []
     try:
@@ -593,11 +761,19 @@ def _launch_once(spec: dict, world_size: int, timeout: float, deadline: float, o
                                    name=f"zerocourse-rank{rank}", daemon=True)
                 proc.start()
                 writer.close()
-                ranks.append(_Rank(rank, proc, reader, on_report))
+                ranks.append(_Rank(rank, proc, reader, on_report, spec["trusted"]))
         return _supervise(ranks, timeout, max(deadline, time.monotonic() + 1.0), tmpdir,
                           spec["sources"], spec["cell_names"], retry_join)
     finally:
         # Runs on success, failure, KeyboardInterrupt and nbgrader's cell timeout alike.
         _kill(ranks)
         shutil.rmtree(tmpdir, ignore_errors=True)
-        del store
+
+
+# In a Jupyter kernel, start the fork server as soon as zerocourse is imported: it imports
+# torch while the notebook goes on importing, so the first launch does not wait for it.
+if "ipykernel" in sys.modules and os.environ.get("ZEROCOURSE_WARM_UP", "1") == "1":
+    try:
+        warm_up()
+    except Exception:       # a launch will start it (and report why it cannot) later
+        pass
