@@ -44,7 +44,7 @@ ROOT = os.path.dirname(HERE)
 VERDICT_KERNEL = "zc-verdict"
 # After a cell timeout, how long an interrupted kernel may take to become idle again before
 # it counts as stuck and is restarted (a busy machine delivers interrupts late).
-SETTLE_S = 30
+SETTLE_S = 15
 # Names IPython itself gives every kernel.
 _IPYTHON = {"display", "get_ipython", "In", "Out", "exit", "quit"}
 # What a test cell may show the learner: the checks' own lines.

@@ -338,4 +338,4 @@ def test_uninterruptible_cell_costs_one_timeout(graded):
     from autograder.split_execute import SETTLE_S
     rows, *_ = graded
     extra = float(rows["sigint-ignored"]["seconds"]) - float(rows["alice"]["seconds"])
-    assert extra < float(ENV["ZEROCOURSE_CELL_TIMEOUT"]) + SETTLE_S + 45, rows["sigint-ignored"]
+    assert extra < float(ENV["ZEROCOURSE_CELL_TIMEOUT"]) + SETTLE_S + 60, rows["sigint-ignored"]

@@ -1,10 +1,11 @@
-"""Detect a notebook that replaced the course's instruments before graded tests run.
+"""Detect code that replaced the course's instruments, in one shared interpreter.
 
-The autograder runs `assert_untampered(globals())` at the top of every graded
-test cell (autograder/feedback.py, GuardGradedCells). A learner's cell that
-redefines `check_equal`, monkeypatches `zerocourse.checks` or `zerocourse.comm`,
-or swaps a Python builtin for a function of its own makes that test fail with a
-message saying what was replaced, instead of passing on a forged check.
+`make grade` does not rely on this: its graded tests run in a kernel that never
+runs learner code (autograder/split_execute.py), so nothing there can be replaced.
+Where tests and a learner's code do share one interpreter (the in-process fixture
+harness, tests/harness.py), `assert_untampered(globals())` at the top of a graded
+cell makes a fixture that redefines `check_equal`, monkeypatches `zerocourse.checks`
+or `zerocourse.comm`, or swaps a builtin fail with a message saying what was replaced.
 
 How: every function and method of the course's modules must still have the code
 compiled from the module's file; names the notebook imported from them must
