@@ -2,8 +2,9 @@
 
 The in-process harness (tests/harness.py) proves each notebook's tests on fixtures fast;
 this proves the real path: split grading (tests in the verdict kernel, learner names as
-stand-ins), the sandbox, nbgrader's gradebook and feedback. Each reference solution gets
-every autograded point (manual points pending), each blank release copy gets 0, and
+stand-ins), the sandbox, nbgrader's gradebook and feedback. Each reference solution and a
+valid alternative that writes to stderr from its ranks get every autograded point (manual
+points pending), blank release copies get 0, and
 `make check` predicts it: exit 0 and full marks on a solution, exit 1 on the stubs.
 """
 import csv
@@ -20,6 +21,9 @@ from tests.fixtures.make_submission import ROOT, load, solution_as_submission, w
 
 pytestmark = pytest.mark.timeout(2400)
 AIDS = assignments()
+# Stubs fail every graded cell of every notebook in-process (tests/harness.assert_stubs_fail);
+# end to end, the notebooks whose tests reach learner names in the most ways.
+BLANK = ["01_bytes_per_parameter", "05_zero3", "07_capstone"]
 # Valid alternatives that print to stderr, warn, or call deprecated collective names from their
 # ranks (one per notebook that launches ranks): under nbgrader's own rule they lost most points.
 NOISY = ["02_data_parallelism/async_per_param_noisy", "03_zero1/per_param_shards_async_noisy",
@@ -33,6 +37,7 @@ def graded(tmp_path_factory):
     out = tmp_path_factory.mktemp("e2e-graded")
     for aid in AIDS:
         write(solution_as_submission(aid), subs, "ref", aid)
+    for aid in BLANK:
         write(load("notebooks", aid), subs, "blank", aid)
     for key in NOISY:
         aid, style = key.split("/")
@@ -70,7 +75,7 @@ def test_noisy_valid_alternative_gets_every_autograded_point(graded, key):
     assert float(row["score"]) == float(row["max_score"]) - _manual_points(aid), row
 
 
-@pytest.mark.parametrize("aid", AIDS)
+@pytest.mark.parametrize("aid", BLANK)
 def test_blank_copy_gets_nothing(graded, aid):
     row = graded[("blank", aid)]
     assert float(row["score"]) == 0, row
