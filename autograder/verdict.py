@@ -166,9 +166,15 @@ def warm_up() -> None:
     launch(nothing, 1)
 
 
-def start(socket_path: str, names: list[str], timeout: float = 120.0) -> None:
-    """Set up this (verdict) kernel: proxies for `names`, no expression echo, no ptrace."""
+def connect(socket_path: str, names: list[str], timeout: float = 120.0) -> None:
+    """Stand-ins for `names` will come from the learner kernel's socket at `socket_path`."""
     _state.update(client=_Client(socket_path, timeout), names=list(names), mine={})
+
+
+def start(socket_path: str, names: list[str], timeout: float = 120.0) -> None:
+    """Set up this process as THE verdict kernel: `connect`, then harden it against its own
+    ranks (process-wide changes: only ever in the verdict kernel, never in a test process)."""
+    connect(socket_path, names, timeout)
     try:                                   # a test cell's last expression never becomes an
         get_ipython().ast_node_interactivity = "none"   # noqa: F821   execute_result
     except NameError:

@@ -76,7 +76,7 @@ def answer_server(tmp_path):
         if os.path.exists(path):
             break
         time.sleep(0.02)
-    verdict.start(path, ["double", "answer", "picky", "model", "forged", "missing"], timeout=10)
+    verdict.connect(path, ["double", "answer", "picky", "model", "forged", "missing"], timeout=10)
     return path, ns
 
 
@@ -111,7 +111,7 @@ def test_course_names_are_never_replaced(answer_server):
 
 
 def test_dead_learner_kernel_fails_the_test_not_the_grader(tmp_path):
-    verdict.start(str(tmp_path / "nobody.sock"), ["f"], timeout=2)
+    verdict.connect(str(tmp_path / "nobody.sock"), ["f"], timeout=2)
     with pytest.raises(verdict.LearnerKernelError, match="did not answer"):
         verdict.sync({})
 

@@ -29,11 +29,12 @@ def test_instructor_cycle(tmp_path):
     replace_in(nb, "setup-global-mean", "return out / dist.get_world_size()", "return out")
     bo = write(nb, subs, "bo", AID)
 
-    # Learners self-check before submitting.
+    # Learners self-check before submitting (the grader's own execution, visible tests).
     ok = _make("check", f"NOTEBOOK={ada}")
-    assert "Success! Your notebook passes all the tests." in ok.stdout, ok.stdout + ok.stderr
+    assert ok.returncode == 0 and "✅ every autograded point" in ok.stdout, ok.stdout + ok.stderr
     bad = _make("check", f"NOTEBOOK={bo}")
-    assert "VALIDATION FAILED" in bad.stdout and "global_mean" in bad.stdout, bad.stdout
+    assert bad.returncode != 0 and "point(s) lost" in bad.stdout, bad.stdout
+    assert "❌ global_mean on 2 ranks" in bad.stdout and "Hint:" in bad.stdout, bad.stdout
 
     # Collect and grade.
     out = tmp_path / "graded"
