@@ -6,17 +6,15 @@ expected score, that each finished within 60 s, that nothing was left running, t
 the sandbox held (each property is tried by a submission) and that feedback hides
 the hidden tests. Timeouts are shortened for the run (see ENV) so hangs cost seconds.
 """
-import csv
 import html
 import json
 import os
 import re
-import subprocess
 import time
 
 import pytest
 
-from tests.fixtures.make_submission import (ROOT, cell_by_id, load, replace_in,
+from tests.fixtures.make_submission import (ROOT, cell_by_id, load, make_grade, replace_in,
                                             solution_as_submission, write)
 from tests.proc_util import descendants
 
@@ -186,14 +184,7 @@ def graded(tmp_path_factory):
         write(build(str(out), str(subs)), subs, student, AID)
     write(solution_as_submission(AID), subs, "wrong-id", "99_unknown")
     before = descendants(os.getpid())
-    t0 = time.monotonic()
-    proc = subprocess.run(["make", "-s", "grade", f"SUBMISSIONS={subs}", f"OUT={out}"], cwd=ROOT,
-                          env=dict(os.environ, **ENV), capture_output=True, text=True, timeout=1800)
-    took = time.monotonic() - t0
-    print(proc.stdout, proc.stderr[-3000:], f"make grade took {took:.1f} s", sep="\n")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    with open(out / "grades.csv") as f:
-        rows = {r["student_id"]: r for r in csv.DictReader(f)}
+    rows, took = make_grade(subs, out, ENV, timeout=1800)
     return rows, out, subs, before, took
 
 

@@ -7,7 +7,6 @@ valid alternative that writes to stderr from its ranks get every autograded poin
 points pending), blank release copies get 0, and
 `make check` predicts it: exit 0 and full marks on a solution, exit 1 on the stubs.
 """
-import csv
 import json
 import os
 import re
@@ -17,7 +16,7 @@ import pytest
 
 from autograder.nbgrader_run import assignments
 from tests.fixtures.alternatives.build import answers_of, fixtures, submission
-from tests.fixtures.make_submission import ROOT, load, solution_as_submission, write
+from tests.fixtures.make_submission import ROOT, load, make_grade, solution_as_submission, write
 
 pytestmark = pytest.mark.timeout(2400)
 AIDS = assignments()
@@ -42,12 +41,8 @@ def graded(tmp_path_factory):
     for key in NOISY:
         aid, style = key.split("/")
         write(submission(aid, answers_of(fixtures()[key])), subs, "noisy", aid)
-    proc = subprocess.run(["make", "-s", "grade", f"SUBMISSIONS={subs}", f"OUT={out}"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=2400)
-    print(proc.stdout, proc.stderr[-3000:], sep="\n")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    with open(out / "grades.csv") as f:
-        return {(r["student_id"], r["assignment_id"]): r for r in csv.DictReader(f)}
+    rows, _ = make_grade(subs, out, timeout=2400)
+    return rows
 
 
 def _manual_points(aid) -> float:

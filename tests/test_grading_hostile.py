@@ -9,18 +9,16 @@ nested 100,000 deep, an uninterruptible cell, killing every process it can). The
 assert each exact score and status, that feedback shows no hidden-test text, that no
 other student's gradebook rows changed, and that nothing outside the submission changed.
 """
-import csv
 import hashlib
 import html
 import json
 import os
 import re
-import subprocess
 import time
 
 import pytest
 
-from tests.fixtures.make_submission import (ROOT, cell_by_id, load, solution_as_submission,
+from tests.fixtures.make_submission import (ROOT, cell_by_id, load, make_grade, solution_as_submission,
                                             write)
 from tests.proc_util import descendants
 from tests.test_grading import AID, ENV, MEAN, NO_DIVIDE, SUM, _after, _before, _sol
@@ -264,14 +262,7 @@ def graded(tmp_path_factory):
     write(huge, subs, "huge-file", AID)
     digest = _tree_digest(WATCHED)
     before = descendants(os.getpid())
-    t0 = time.monotonic()
-    proc = subprocess.run(["make", "-s", "grade", f"SUBMISSIONS={subs}", f"OUT={out}"], cwd=ROOT,
-                          env=dict(os.environ, **ENV), capture_output=True, text=True, timeout=1800)
-    took = time.monotonic() - t0
-    print(proc.stdout, proc.stderr[-3000:], f"make grade took {took:.1f} s", sep="\n")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    with open(out / "grades.csv") as f:
-        rows = {r["student_id"]: r for r in csv.DictReader(f)}
+    rows, took = make_grade(subs, out, ENV, timeout=1800)
     return rows, out, subs, before, took, digest
 
 
