@@ -13,7 +13,6 @@ what each would score, and exits 1 when any autograded point would be lost.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import subprocess
@@ -22,7 +21,6 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from autograder.nbgrader_run import ROOT  # noqa: E402
 
 
 def _meta(cell) -> dict:

@@ -348,6 +348,7 @@ def grade(submissions: str, out: str, timeout: float = 1200.0, sandbox: bool = T
 
     registered = set()
     rows = []
+    started = time.monotonic()
     for sid, aid in work:
         t0 = time.monotonic()
         row = {"student_id": sid, "assignment_id": aid, "score": 0.0, "max_score": "",
@@ -388,7 +389,7 @@ def grade(submissions: str, out: str, timeout: float = 1200.0, sandbox: bool = T
             row["status"] = f"graded; {row['pending_manual']:g} points await manual grading"
         row["seconds"] = round(time.monotonic() - t0, 1)
         rows.append(row)
-        _progress(row, len(rows), len(work))
+        _progress(row, len(rows), len(work), started)
 
     graded = {}
     for row in rows:
@@ -417,12 +418,9 @@ def _intake(submissions: str, sid: str, aid: str, known: set) -> str | None:
     return _preflight(os.path.join(adir, f"{aid}.ipynb"))
 
 
-def _progress(row: dict, done: int, total: int, started=[None]) -> None:  # noqa: B006
+def _progress(row: dict, done: int, total: int, started: float) -> None:
     """One line per submission as it finishes, with an estimate of the time left."""
-    now = time.monotonic()
-    if started[0] is None or done == 1:
-        started[0] = now - row["seconds"]
-    left = (now - started[0]) / done * (total - done)
+    left = (time.monotonic() - started) / done * (total - done)
     print(f"[{done}/{total}] {row['student_id']} {row['assignment_id']}: "
           f"{row['score']:g}/{row['max_score'] or '?'} in {row['seconds']}s ({row['status']}); "
           f"about {left:.0f} s left", flush=True)

@@ -26,7 +26,6 @@ c.CourseDirectory.db_url = os.environ.get(
 # failure, so one cell never waits for more than one launch timeout.
 c.Execute.timeout = int(os.environ.get("ZEROCOURSE_CELL_TIMEOUT", 150))
 c.Execute.interrupt_on_timeout = True
-c.SplitExecute.timeout = c.Execute.timeout
 
 # Sandboxed grading (autograder/grade.py sets these): the kernel lives in its own network
 # namespace, so it talks to nbgrader over Unix sockets instead of TCP.

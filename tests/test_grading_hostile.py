@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from tests.fixtures.make_submission import (ROOT, cell_by_id, load, make_grade, solution_as_submission,
+from tests.fixtures.make_submission import (ROOT, load, make_grade, solution_as_submission,
                                             write)
 from tests.proc_util import descendants
 from tests.test_grading import AID, ENV, MEAN, NO_DIVIDE, SUM, _after, _before, _sol

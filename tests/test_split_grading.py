@@ -13,10 +13,6 @@ import io
 import json
 import os
 import pickle
-import socket
-import subprocess
-import sys
-import threading
 import time
 
 import nbformat
@@ -24,7 +20,7 @@ import pytest
 import torch
 
 from autograder import feedback, grade, learner_rpc, split_execute, verdict
-from tests.fixtures.make_submission import ROOT, load
+from tests.fixtures.make_submission import load
 
 
 class _Boom:
