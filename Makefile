@@ -1,14 +1,9 @@
 # ZeRO by hand: two commands for everyone (`make lab`, `make test`), more for instructors.
 # Everything runs in .venv, created on first use.
-PYTHON ?= python3
-VENV   := .venv
-PY     := $(VENV)/bin/python
-STAMP  := $(VENV)/.zerocourse-installed
-# Where `make lab` keeps YOUR copies of the notebooks (git-ignored, never overwritten).
-WORKDIR ?= my-notebooks
-LAB_ARGS ?=
+.DEFAULT_GOAL := help
+include setup.mk
 
-.PHONY: help setup sandbox-tools lab test test-browser screenshots release check-release grade feedback check bench clean-venv
+.PHONY: help setup sandbox-tools lab test test-browser screenshots release check-release grade feedback check export formgrader handout bench clean-venv
 
 help:
 	@echo "make lab       set up .venv and open the course in JupyterLab (your copies: $(WORKDIR)/)"
@@ -18,15 +13,9 @@ help:
 	@echo "make grade SUBMISSIONS=dir OUT=dir   autograde <student>/<assignment>/<assignment>.ipynb"
 	@echo "make feedback OUT=dir               after manual grading: regenerate feedback and grades.csv"
 	@echo "make check NOTEBOOK=path.ipynb      run a notebook's tests before submitting"
-
-$(STAMP): requirements.txt pyproject.toml
-	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --upgrade --quiet pip
-	$(PY) -m pip install --quiet -r requirements.txt
-	$(PY) -m pip install --quiet --no-deps -e .
-	@touch $(STAMP)
-
-setup: $(STAMP)
+	@echo "make export OUT=dir                 grades for an LMS (one row per learner) + feedback zips"
+	@echo "make formgrader OUT=dir             open formgrader on a graded folder (manual grading)"
+	@echo "make handout OUT=dir                a learner repository: no solutions/, tests/ or hidden tests"
 
 # `make grade` runs every submission's kernel under bubblewrap (autograder/sandbox_kernel.py).
 sandbox-tools:
@@ -35,16 +24,6 @@ sandbox-tools:
 	    echo "installing bubblewrap (the grading sandbox)"; \
 	    apt-get update -qq >/dev/null && apt-get install -y -qq bubblewrap >/dev/null; \
 	  else echo "bubblewrap missing: sudo apt-get install bubblewrap (or grade with ZEROCOURSE_SANDBOX=0)"; fi; }
-
-# Copy the course's notebooks into $(WORKDIR) once: files already there are yours and are
-# never overwritten, so `git pull` brings new notebooks without touching your work.
-lab: setup
-	@mkdir -p $(WORKDIR)
-	@for d in notebooks/*/; do \
-	  id=$$(basename $$d); \
-	  if [ ! -e "$(WORKDIR)/$$id" ]; then cp -r "$$d" "$(WORKDIR)/$$id"; echo "new notebook: $(WORKDIR)/$$id"; fi; \
-	done
-	$(VENV)/bin/jupyter lab --notebook-dir=$(WORKDIR) $$( [ "$$(id -u)" = 0 ] && echo --allow-root ) $(LAB_ARGS)
 
 # Two pytest workers (whole files each): the grading battery mostly waits on timeouts and
 # kernels, so it overlaps well with the rest even on 2 cores. The browser test runs after, alone:
@@ -72,19 +51,30 @@ check-release: setup
 
 grade: setup sandbox-tools
 	@test -n "$(SUBMISSIONS)" -a -n "$(OUT)" || { echo "usage: make grade SUBMISSIONS=dir OUT=dir"; exit 2; }
-	$(PY) autograder/grade.py "$(SUBMISSIONS)" "$(OUT)"
+	$(PY) autograder/grade.py "$(SUBMISSIONS)" "$(OUT)" $(if $(JOBS),--jobs $(JOBS))
 
 # After reviewing manually graded cells in formgrader: new feedback and grades.csv.
 feedback: setup
 	@test -n "$(OUT)" || { echo "usage: make feedback OUT=dir (the folder make grade wrote)"; exit 2; }
 	$(PY) autograder/grade.py --refresh "$(OUT)"
 
-check: setup
-	@test -n "$(NOTEBOOK)" || { echo "usage: make check NOTEBOOK=my-notebooks/00_setup/00_setup.ipynb"; exit 2; }
-	$(PY) autograder/check.py "$(NOTEBOOK)"
+export: setup
+	@test -n "$(OUT)" || { echo "usage: make export OUT=dir (the folder make grade wrote)"; exit 2; }
+	$(PY) autograder/export.py "$(OUT)"
+
+# Formgrader on a graded folder, from anywhere and as root (manual grading, then `make feedback`).
+FORMGRADER_PORT ?= 8890
+formgrader: setup
+	@test -d "$(OUT)" -a -f "$(OUT)/gradebook.db" || { echo "usage: make formgrader OUT=dir (a folder make grade wrote: it holds gradebook.db)"; exit 2; }
+	cd "$(OUT)" && ZEROCOURSE_NBGRADER_ROOT="$$(pwd)" ZEROCOURSE_GRADEBOOK="sqlite:///$$(pwd)/gradebook.db" \
+	  "$(CURDIR)/$(VENV)/bin/jupyter" lab --config="$(CURDIR)/autograder/nbgrader_config.py" \
+	  --port=$(FORMGRADER_PORT) --no-browser $$( [ "$$(id -u)" = 0 ] && echo --allow-root ) \
+	  --ServerApp.default_url=/formgrader
+
+handout: setup
+	@test -n "$(OUT)" || { echo "usage: make handout OUT=dir (a new folder: the learner repository)"; exit 2; }
+	$(PY) autograder/handout.py "$(OUT)"
 
 bench: setup
 	$(PY) -m zerocourse.bench
 
-clean-venv:
-	rm -rf $(VENV)

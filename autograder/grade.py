@@ -11,6 +11,14 @@ OUT becomes an nbgrader course folder for this grading run:
     OUT/gradebook.db               the gradebook (open it with formgrader for manual grading)
     OUT/logs/<student>-<assignment>.log   nbgrader's output for each submission
 
+    python autograder/grade.py SUBMISSIONS OUT --jobs 4   (JOBS=4 make grade ...)
+
+grades `--jobs` submissions at once, each in its own sandbox (default: one per two cores).
+Grading again into the same OUT (a late submission, a subset) replaces those rows of
+grades.csv and keeps the others. SUBMISSIONS may also be nbgrader's exchange: its
+collected `submitted/` folder (same layout plus timestamp.txt) or an `inbound/` folder
+of <student>+<assignment>+<timestamp>+<random> submissions (the newest of each is graded).
+
 A submission that cannot be graded (not a notebook, wrong assignment id, ...) gets a
 row with score 0 and a status that says why; the others are graded regardless.
 """
@@ -25,7 +33,9 @@ import stat
 import shutil
 import sys
 import tempfile
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from autograder.nbgrader_run import ROOT, assignments, nbgrader  # noqa: E402
@@ -312,14 +322,80 @@ def _grade_one(sid, aid, nb_path, out, env, timeout, sandbox, slot) -> tuple[str
     return why, log
 
 
-def grade(submissions: str, out: str, timeout: float = 1200.0, sandbox: bool = True) -> list[dict]:
-    """Grade every submission under `submissions` into `out`; return the grade rows.
+def default_jobs() -> int:
+    """Submissions graded at once by default: one per two cores (a submission runs two kernels
+    and up to four ranks), and no more than memory allows (each sandbox may use 4 GiB)."""
+    try:
+        mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        mem = 8 << 30
+    return max(1, min((os.cpu_count() or 2) // 2, mem // (4 << 30)))
+
+
+INBOUND_RE = re.compile(r"^(?P<sid>.+)\+(?P<aid>[^+]+)\+(?P<ts>[^+]+)(\+[^+]*)?$")
+
+
+def find_work(submissions: str, known: set) -> tuple[list[tuple[str, str]], dict]:
+    """The (student, assignment) pairs under `submissions`, and where each notebook is.
+
+    Two layouts: <student>/<assignment>/<assignment>.ipynb (make grade's own, and nbgrader's
+    collected submitted/ folder), or the exchange's inbound/ folder, whose entries are
+    <student>+<assignment>+<timestamp>+<random>/<assignment>.ipynb: the newest per pair wins.
+    """
+    entries = sorted(e for e in os.listdir(submissions) if not e.startswith("."))
+    inbound = {}
+    for e in entries:
+        m = INBOUND_RE.match(e)
+        if m and m["aid"] in known and os.path.isdir(os.path.join(submissions, e)):
+            key = (m["sid"], m["aid"])
+            if key not in inbound or m["ts"] > inbound[key][0]:
+                inbound[key] = (m["ts"], os.path.join(submissions, e, f"{m['aid']}.ipynb"))
+    if inbound:
+        return sorted(inbound), {k: v[1] for k, v in inbound.items()}
+    work = []
+    for sid in entries:
+        sdir = os.path.join(submissions, sid)
+        if not os.path.isdir(sdir):
+            continue
+        for aid in sorted(os.listdir(sdir)) if not os.path.islink(sdir) else [""]:
+            adir = os.path.join(sdir, aid)
+            if not aid or (os.path.isdir(adir) and not aid.startswith(".")):
+                work.append((sid, aid))
+    return work, {(sid, aid): os.path.join(submissions, sid, aid, f"{aid}.ipynb") for sid, aid in work}
+
+
+class _InFlight:
+    """Who is being graded now, and which students each job overlapped with: a job may only
+    change its own student's gradebook rows, so the check after it ignores those students."""
+
+    def __init__(self):
+        self.lock, self.running = threading.Lock(), {}
+
+    def start(self, key, sid) -> set:
+        with self.lock:
+            seen = {s for s, _ in self.running.values()} | {sid}
+            for _, other in self.running.values():
+                other.add(sid)
+            self.running[key] = (sid, seen)
+            return seen
+
+    def stop(self, key) -> None:
+        with self.lock:
+            self.running.pop(key, None)
+
+
+def grade(submissions: str, out: str, timeout: float = 1200.0, sandbox: bool = True,
+          jobs: int = 1) -> list[dict]:
+    """Grade every submission under `submissions` into `out`; return this run's grade rows.
 
     Args:
-        submissions: folder laid out <student_id>/<assignment_id>/<assignment_id>.ipynb.
-        out: output folder (created; reused across runs, the gradebook keeps growing).
+        submissions: folder laid out <student_id>/<assignment_id>/<assignment_id>.ipynb
+            (or an exchange inbound/ folder, see find_work).
+        out: output folder (created; reused across runs, the gradebook keeps growing and
+            grades.csv keeps the rows of students not graded again).
         timeout: seconds one submission's autograde may take in all.
         sandbox: run each submission's kernels in the bubblewrap sandbox (autograder/sandbox_kernel.py).
+        jobs: submissions graded at once, each in its own sandbox with its own users.
     """
     submissions, out = os.path.abspath(submissions), os.path.abspath(out)
     if not os.path.isdir(submissions):
@@ -327,50 +403,58 @@ def grade(submissions: str, out: str, timeout: float = 1200.0, sandbox: bool = T
                          f"<student_id>/<assignment_id>/<assignment_id>.ipynb inside it")
     if out == submissions or out.startswith(submissions + os.sep):
         raise SystemExit("OUT must be outside SUBMISSIONS (grading must not touch the submissions)")
+    if jobs < 1:
+        raise SystemExit(f"JOBS={jobs}: grade at least one submission at a time (JOBS=1 or more)")
     os.makedirs(os.path.join(out, "logs"), exist_ok=True)
     old_link = os.path.join(out, "solutions")
     if os.path.islink(old_link):          # OUT folders of earlier versions linked solutions/ here
         os.unlink(old_link)
     db_path = os.path.join(out, "gradebook.db")
-    env = {"ZEROCOURSE_NBGRADER_ROOT": out, "ZEROCOURSE_GRADEBOOK": "sqlite:///" + db_path,
+    # Parallel autogrades share one SQLite gradebook: wait for a lock instead of failing on it.
+    env = {"ZEROCOURSE_NBGRADER_ROOT": out, "ZEROCOURSE_GRADEBOOK": f"sqlite:///{db_path}?timeout=120",
            "ZEROCOURSE_RELEASE_DIR": os.path.join(out, "release")}
     known = set(assignments())
+    work, paths = find_work(submissions, known)
+    why_not = {key: _intake(submissions, *key, known, paths[key]) for key in work}
 
-    work = []
-    for sid in sorted(os.listdir(submissions)):
-        sdir = os.path.join(submissions, sid)
-        if sid.startswith(".") or not os.path.isdir(sdir):
-            continue
-        for aid in sorted(os.listdir(sdir)) if not os.path.islink(sdir) else [""]:
-            adir = os.path.join(sdir, aid)
-            if not aid or (os.path.isdir(adir) and not aid.startswith(".")):
-                work.append((sid, aid))
-
+    # Register assignments and students first, one at a time: parallel jobs then only add rows
+    # of their own submission to the gradebook.
     registered = set()
-    rows = []
-    started = time.monotonic()
-    for sid, aid in work:
+    for aid in sorted({aid for key, aid in work if why_not[(key, aid)] is None}):
+        proc = nbgrader("generate_assignment", aid, "--force",
+                        f"--CourseDirectory.release_directory={os.path.join(out, 'release')}",
+                        env=env, timeout=600)
+        if proc.returncode != 0:
+            raise SystemExit(f"cannot register {aid} in the gradebook:\n{proc.stderr[-3000:]}")
+        registered.add(aid)
+    _add_students(db_path, sorted({sid for sid, aid in work if why_not[(sid, aid)] is None}))
+
+    slots, in_flight = list(range(jobs)), _InFlight()
+    slot_lock = threading.Lock()
+
+    def one(sid: str, aid: str) -> dict:
         t0 = time.monotonic()
         row = {"student_id": sid, "assignment_id": aid, "score": 0.0, "max_score": "",
                "pending_manual": 0.0, "status": "graded", "seconds": 0.0}
+        why = why_not[(sid, aid)]
         try:
-            why = _intake(submissions, sid, aid, known)
-            if why is None and aid not in registered:
-                proc = nbgrader("generate_assignment", aid, "--force",
-                                f"--CourseDirectory.release_directory={os.path.join(out, 'release')}",
-                                env=env, timeout=600)
-                if proc.returncode != 0:
-                    raise SystemExit(f"cannot register {aid} in the gradebook:\n{proc.stderr[-3000:]}")
-                registered.add(aid)
             if aid in registered:
                 row["max_score"] = _max_score(db_path, aid)
             if why is None:
-                before = gradebook_rows(db_path)
-                why, log = _grade_one(sid, aid, os.path.join(submissions, sid, aid, f"{aid}.ipynb"),
-                                      out, env, timeout, sandbox, slot=0)
-                with open(os.path.join(out, "logs", f"{sid}-{aid}.log"), "w") as f:
-                    f.write(log)
-                changed = _others_changed(before, gradebook_rows(db_path), sid)
+                with slot_lock:
+                    slot = slots.pop()
+                overlap = in_flight.start((sid, aid), sid)
+                try:
+                    before = gradebook_rows(db_path)
+                    why, log = _grade_one(sid, aid, paths[(sid, aid)], out, env, timeout, sandbox, slot)
+                    with open(os.path.join(out, "logs", f"{sid}-{aid}.log"), "w") as f:
+                        f.write(log)
+                    changed = [k for k in _others_changed(before, gradebook_rows(db_path), sid)
+                               if k[0] not in overlap]
+                finally:
+                    in_flight.stop((sid, aid))
+                    with slot_lock:
+                        slots.append(slot)
                 if changed:
                     raise SystemExit(f"STOPPED: grading {sid}/{aid} changed other students' "
                                      f"gradebook rows {changed[:5]}; restore {db_path} from a "
@@ -388,8 +472,19 @@ def grade(submissions: str, out: str, timeout: float = 1200.0, sandbox: bool = T
         elif row["pending_manual"]:
             row["status"] = f"graded; {row['pending_manual']:g} points await manual grading"
         row["seconds"] = round(time.monotonic() - t0, 1)
-        rows.append(row)
-        _progress(row, len(rows), len(work), started)
+        return row
+
+    rows, started = [], time.monotonic()
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        futures = [pool.submit(one, sid, aid) for sid, aid in work]
+        try:
+            for fut in as_completed(futures):
+                rows.append(fut.result())
+                _progress(rows[-1], len(rows), len(work), started)
+        except BaseException:
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
+    rows.sort(key=lambda r: (r["student_id"], r["assignment_id"]))
 
     graded = {}
     for row in rows:
@@ -401,21 +496,30 @@ def grade(submissions: str, out: str, timeout: float = 1200.0, sandbox: bool = T
         for row in rows:
             if row["assignment_id"] == aid and row["student_id"] in missing:
                 row["status"] += f"; no feedback generated (see logs/feedback-{aid}.log)"
-    _write_rows(out, rows)
+    _write_rows(out, rows, merge=True)
     return rows
 
 
-def _intake(submissions: str, sid: str, aid: str, known: set) -> str | None:
-    """Why this submission cannot be graded, or None."""
+def _add_students(db_path: str, sids: list[str]) -> None:
+    """Create the students' gradebook rows (parallel `autograde --create` calls would race)."""
+    from nbgrader.api import Gradebook
+    with Gradebook("sqlite:///" + db_path) as gb:
+        for sid in sids:
+            gb.update_or_create_student(sid)
+
+
+def _intake(submissions: str, sid: str, aid: str, known: set, path: str) -> str | None:
+    """Why this submission (its notebook at `path`) cannot be graded, or None."""
     why = refuse_id("student", sid) or (refuse_id("assignment", aid) if aid else None)
     if why:
         return why
-    sdir, adir = os.path.join(submissions, sid), os.path.join(submissions, sid, aid)
-    if os.path.islink(sdir) or not aid or os.path.islink(adir):
+    adir = os.path.dirname(path)
+    sdir = os.path.dirname(adir)          # the student's folder (SUBMISSIONS itself for inbound/)
+    if not aid or os.path.islink(adir) or (sdir != submissions and os.path.islink(sdir)):
         return "refused: a folder of the submission is a symbolic link"
     if aid not in known:
         return f"unknown assignment id {aid!r} (course has {sorted(known)})"
-    return _preflight(os.path.join(adir, f"{aid}.ipynb"))
+    return _preflight(path)
 
 
 def _progress(row: dict, done: int, total: int, started: float) -> None:
@@ -426,11 +530,19 @@ def _progress(row: dict, done: int, total: int, started: float) -> None:
           f"about {left:.0f} s left", flush=True)
 
 
-def _write_rows(out: str, rows: list[dict]) -> None:
-    with open(os.path.join(out, "grades.csv"), "w", newline="") as f:
+def _write_rows(out: str, rows: list[dict], merge: bool = False) -> None:
+    """Write grades.csv; with merge, rows of (student, assignment) pairs not in `rows` stay."""
+    path = os.path.join(out, "grades.csv")
+    if merge and os.path.exists(path):
+        with open(path, newline="") as f:
+            kept = {(r["student_id"], r["assignment_id"]): r for r in csv.DictReader(f)}
+        kept.update({(r["student_id"], r["assignment_id"]): r for r in rows})
+        rows = [kept[k] for k in sorted(kept)]
+    with open(path + ".tmp", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=FIELDS, extrasaction="ignore")
         writer.writeheader()
         writer.writerows(rows)
+    os.replace(path + ".tmp", path)       # never a half-written grades.csv
 
 
 def refresh(out: str) -> list[dict]:
@@ -479,11 +591,13 @@ def main() -> int:
     parser.add_argument("out")
     parser.add_argument("--timeout", type=float, default=1200.0,
                         help="seconds one submission may take (default 1200)")
+    parser.add_argument("--jobs", type=int, default=int(os.environ.get("JOBS") or default_jobs()),
+                        help=f"submissions graded at once (default: JOBS, or {default_jobs()} here)")
     parser.add_argument("--no-sandbox", action="store_true",
                         help="run kernels unsandboxed (also ZEROCOURSE_SANDBOX=0); trusted work only")
     args = parser.parse_args()
     sandbox = not args.no_sandbox and os.environ.get("ZEROCOURSE_SANDBOX", "1") != "0"
-    rows = grade(args.submissions, args.out, args.timeout, sandbox=sandbox)
+    rows = grade(args.submissions, args.out, args.timeout, sandbox=sandbox, jobs=args.jobs)
     width = max([len(r["student_id"]) for r in rows] + [10])
     for r in rows:
         print(f"{r['student_id']:<{width}} {r['assignment_id']:<24} "
