@@ -332,7 +332,15 @@ def default_jobs() -> int:
     return max(1, min((os.cpu_count() or 2) // 2, mem // (4 << 30)))
 
 
-INBOUND_RE = re.compile(r"^(?P<sid>.+)\+(?P<aid>[^+]+)\+(?P<ts>[^+]+)(\+[^+]*)?$")
+def parse_inbound(name: str, known: set) -> tuple[str, str, str] | None:
+    """(student, assignment, timestamp) of an exchange inbound entry
+    <student>+<assignment>+<timestamp>[+<random>], or None. A student id may hold '+':
+    the assignment is the known id followed by one or two fields."""
+    parts = name.split("+")
+    for i in range(1, len(parts) - 1):
+        if parts[i] in known and len(parts) - i - 1 in (1, 2):
+            return "+".join(parts[:i]), parts[i], parts[i + 1]
+    return None
 
 
 def find_work(submissions: str, known: set) -> tuple[list[tuple[str, str]], dict]:
@@ -345,11 +353,11 @@ def find_work(submissions: str, known: set) -> tuple[list[tuple[str, str]], dict
     entries = sorted(e for e in os.listdir(submissions) if not e.startswith("."))
     inbound = {}
     for e in entries:
-        m = INBOUND_RE.match(e)
-        if m and m["aid"] in known and os.path.isdir(os.path.join(submissions, e)):
-            key = (m["sid"], m["aid"])
-            if key not in inbound or m["ts"] > inbound[key][0]:
-                inbound[key] = (m["ts"], os.path.join(submissions, e, f"{m['aid']}.ipynb"))
+        m = parse_inbound(e, known)
+        if m and os.path.isdir(os.path.join(submissions, e)):
+            sid, aid, ts = m              # nbgrader's timestamps sort as text (ISO order)
+            if (sid, aid) not in inbound or ts > inbound[(sid, aid)][0]:
+                inbound[(sid, aid)] = (ts, os.path.join(submissions, e, f"{aid}.ipynb"))
     if inbound:
         return sorted(inbound), {k: v[1] for k, v in inbound.items()}
     work = []

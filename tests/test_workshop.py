@@ -1,0 +1,181 @@
+"""What an instructor runs a workshop with: parallel grading, re-grading into the same folder,
+the exchange's folders, the LMS export, and the learner handout.
+
+One grading of three 00_setup submissions covers `make grade` end to end (JOBS=2, a progress
+line per submission, the collected layout with timestamp.txt, then a re-grade of one learner
+from an exchange inbound/ folder merged into the same OUT), then `make export` on that OUT.
+The handout is checked for what it must not contain (solutions/, tests/, nbgrader markers,
+any line of a solution or hidden test) and for what it must do (`make check` from it).
+"""
+import csv
+import json
+import os
+import subprocess
+import sys
+import zipfile
+
+import pytest
+
+from tests.fixtures.make_submission import ROOT, load, solution_as_submission, write
+
+pytestmark = pytest.mark.timeout(1500)
+AID = "00_setup"
+
+
+def _make(*args, env=None, timeout=900):
+    proc = subprocess.run(["make", "-s", *args], cwd=ROOT, capture_output=True, text=True,
+                          env=dict(os.environ, **(env or {})), timeout=timeout)
+    print(proc.stdout[-4000:], proc.stderr[-3000:], sep="\n")
+    return proc
+
+
+def _rows(out):
+    with open(os.path.join(out, "grades.csv")) as f:
+        return {r["student_id"]: r for r in csv.DictReader(f)}
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    """alice (solution) and bob (blank) graded with JOBS=2, then carol from an inbound folder."""
+    subs = tmp_path_factory.mktemp("collected")
+    out = str(tmp_path_factory.mktemp("graded"))
+    write(solution_as_submission(AID), subs, "alice", AID)
+    write(load("notebooks", AID), subs, "bob", AID)
+    for sid in ("alice", "bob"):             # what `nbgrader collect` leaves beside the notebook
+        (subs / sid / AID / "timestamp.txt").write_text("2026-11-30 09:00:00.000000 UTC")
+    first = _make("grade", f"SUBMISSIONS={subs}", f"OUT={out}", "JOBS=2")
+    assert first.returncode == 0, first.stderr[-3000:]
+    after_first = _rows(out)
+
+    inbound = tmp_path_factory.mktemp("inbound")
+    for stamp, nb in (("2026-11-30 09:00:00.000000 UTC", load("notebooks", AID)),
+                      ("2026-11-30 10:30:00.000000 UTC", solution_as_submission(AID))):
+        folder = inbound / f"carol+{AID}+{stamp}+k3x9"
+        folder.mkdir()
+        (folder / f"{AID}.ipynb").write_text(json.dumps(nb))
+    second = _make("grade", f"SUBMISSIONS={inbound}", f"OUT={out}")
+    assert second.returncode == 0, second.stderr[-3000:]
+    return dict(out=out, first=first.stdout, after_first=after_first, rows=_rows(out))
+
+
+def test_jobs_grade_each_submission_with_a_progress_line(graded):
+    rows = graded["after_first"]
+    assert set(rows) == {"alice", "bob"}
+    assert float(rows["alice"]["score"]) == float(rows["alice"]["max_score"]) > 0, rows["alice"]
+    assert float(rows["bob"]["score"]) == 0, rows["bob"]
+    progress = [l for l in graded["first"].splitlines() if l.startswith(("[1/2]", "[2/2]"))]
+    assert len(progress) == 2 and all("left" in l for l in progress), graded["first"]
+
+
+def test_regrade_merges_and_inbound_takes_the_newest(graded):
+    rows = graded["rows"]
+    assert set(rows) == {"alice", "bob", "carol"}, rows        # alice and bob kept, not rewritten
+    assert rows["alice"] == graded["after_first"]["alice"]
+    assert float(rows["carol"]["score"]) == float(rows["carol"]["max_score"]) > 0, rows["carol"]
+
+
+def test_export_one_row_per_learner_and_feedback_zips(graded):
+    out = graded["out"]
+    proc = _make("export", f"OUT={out}")
+    assert proc.returncode == 0, proc.stderr
+    with open(os.path.join(out, "export", "grades_by_learner.csv")) as f:
+        table = list(csv.reader(f))
+    header = table[0]
+    body = {r[0]: dict(zip(header, r)) for r in table[1:]}
+    assert header[0] == "student_id" and header[-2:] == ["total", "max_total"] and AID in header
+    assert set(body) == {"alice", "bob", "carol"}
+    assert body["alice"][AID] == body["alice"]["total"] == f"{float(graded['rows']['alice']['score']):g}"
+    assert body["bob"][AID] == "0"
+    missing = [a for a in header[1:-2] if a != AID]
+    assert missing and all(body["alice"][a] == "" for a in missing)    # not submitted: empty, not 0
+    with zipfile.ZipFile(os.path.join(out, "export", "feedback", "alice.zip")) as z:
+        assert z.namelist() == [f"{AID}.html"]
+        page = z.read(f"{AID}.html").decode()
+    assert "BEGIN HIDDEN TESTS" not in page and "✅" in page
+
+
+def test_make_usage_errors_are_clear(tmp_path):
+    for target, words in (("export", "usage: make export OUT="), ("handout", "usage: make handout OUT="),
+                          ("formgrader", "usage: make formgrader OUT=")):
+        proc = _make(target)
+        assert proc.returncode != 0 and words in proc.stdout + proc.stderr
+    (tmp_path / "subs").mkdir()
+    proc = _make("grade", f"SUBMISSIONS={tmp_path}/subs", f"OUT={tmp_path}/o", "JOBS=0")
+    assert proc.returncode != 0 and "JOBS=0" in proc.stdout + proc.stderr
+
+
+# --- the handout -------------------------------------------------------------------------------
+
+def _secret_lines() -> set[str]:
+    """Every line (40+ characters, not a comment) inside a solution or hidden-test region."""
+    lines = set()
+    for aid in sorted(os.listdir(os.path.join(ROOT, "solutions"))):
+        for cell in load("solutions", aid)["cells"]:
+            on = False
+            for line in "".join(cell["source"]).splitlines():
+                if "BEGIN SOLUTION" in line or "BEGIN HIDDEN TESTS" in line:
+                    on = True
+                elif "END SOLUTION" in line or "END HIDDEN TESTS" in line:
+                    on = False
+                elif on and len(line.strip()) >= 40 and not line.strip().startswith("#"):
+                    lines.add(line.strip())
+    return lines
+
+
+# Lines that are in a solution and, for a reason unrelated to it, elsewhere too.
+BENIGN = {
+    # a visible self-check repeated in the hidden test of 00
+    "check_true(isinstance(value, (int, float)) and not isinstance(value, bool),",
+    # zerocourse's non-sharded Adam (the oracle, given) allocates its state like any Adam
+    "self.exp_avg = [torch.zeros_like(m) for m in self.master]",
+    "self.exp_avg_sq = [torch.zeros_like(m) for m in self.master]",
+    # the memory calculator calls the learner's function by its contract name
+    "per = bytes_per_parameter(precision, optimizer)",
+}
+
+
+@pytest.fixture(scope="module")
+def handout(tmp_path_factory):
+    out = tmp_path_factory.mktemp("handout") / "zero-by-hand"
+    proc = _make("handout", f"OUT={out}")
+    assert proc.returncode == 0, proc.stderr
+    return out
+
+
+def test_handout_has_no_solutions_or_hidden_tests(handout):
+    top = sorted(os.listdir(handout))
+    assert "solutions" not in top and "tests" not in top and "bench" not in top, top
+    assert not os.path.exists(handout / "autograder" / "notes"), "instructor notes in the handout"
+    secret = _secret_lines() - BENIGN
+    assert len(secret) > 200                  # the check reads the real solutions
+    leaks = []
+    for dirpath, dirnames, filenames in os.walk(handout):
+        dirnames[:] = [d for d in dirnames if d != ".git"]
+        for name in filenames:
+            text = open(os.path.join(dirpath, name), encoding="utf-8", errors="ignore").read()
+            for marker in ("BEGIN SOLUTION", "BEGIN HIDDEN TESTS"):
+                if marker in text:
+                    leaks.append((name, marker))
+            leaks += [(name, line) for line in secret if line in text]
+    assert not leaks, leaks[:10]
+    assert sorted(os.listdir(handout / "notebooks")) == sorted(os.listdir(os.path.join(ROOT, "notebooks")))
+
+
+def test_handout_refuses_to_overwrite(handout):
+    proc = _make("handout", f"OUT={handout}")
+    assert proc.returncode != 0 and "not empty" in proc.stdout + proc.stderr
+    assert (handout / "README.md").exists()
+
+
+def test_make_check_works_from_the_handout(handout, tmp_path):
+    # A learner's handout has its own .venv, where zerocourse is the handout's: here the
+    # course's .venv runs it, so PYTHONPATH points both kernels at the handout's zerocourse
+    # (the sandbox would hand the learner kernel the course checkout's copy instead).
+    nb = tmp_path / AID / f"{AID}.ipynb"
+    nb.parent.mkdir()
+    nb.write_text(json.dumps(solution_as_submission(AID)))
+    proc = subprocess.run([sys.executable, "autograder/check.py", str(nb)], cwd=handout,
+                          capture_output=True, text=True, timeout=600,
+                          env=dict(os.environ, PYTHONPATH=str(handout), ZEROCOURSE_SANDBOX="0"))
+    print(proc.stdout[-3000:], proc.stderr[-2000:])
+    assert proc.returncode == 0 and "✅ every autograded point" in proc.stdout
