@@ -3,7 +3,7 @@
 .DEFAULT_GOAL := help
 include setup.mk
 
-.PHONY: help setup sandbox-tools lab test test-browser screenshots release check-release grade feedback check export formgrader handout bench clean-venv
+.PHONY: help setup sandbox-tools lab test test-browser screenshots release check-release grade feedback check export formgrader handout bench wheelhouse clean-venv
 
 help:
 	@echo "make lab       set up .venv and open the course in JupyterLab (your copies: $(WORKDIR)/)"
@@ -75,6 +75,16 @@ handout: setup
 	@test -n "$(OUT)" || { echo "usage: make handout OUT=dir (a new folder: the learner repository)"; exit 2; }
 	$(PY) autograder/handout.py "$(OUT)"
 
+# `make bench BENCH_ARGS="--only class --class-size 20"`: parts and options of zerocourse/bench.py.
+BENCH_ARGS ?=
 bench: setup
-	$(PY) -m zerocourse.bench
+	$(PY) -m zerocourse.bench $(BENCH_ARGS)
+
+# For a room without internet: every wheel the course installs, in one folder. Copy the course
+# and wheelhouse/ to the room's machines, then: PIP_NO_INDEX=1 PIP_FIND_LINKS=$$PWD/wheelhouse make lab
+# (torch from PyTorch's CPU index, as on machines without a GPU; pass TORCH_INDEX= for PyPI's build).
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+wheelhouse:
+	$(PYTHON) -m pip download --quiet --dest wheelhouse $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX)) -r requirements.txt pip setuptools wheel
+	@du -sh wheelhouse
 

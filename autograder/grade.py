@@ -269,8 +269,18 @@ def pending_manual(db_path: str, aid: str, sid: str) -> float:
 def feedback(out: str, env: dict, aid: str, sids: list[str]) -> list[str]:
     """nbgrader's feedback for `sids` (hidden tests removed), pending answers marked;
     returns the students who got none."""
+    from autograder import rubric
     from autograder.feedback import mark_pending
-    proc = nbgrader("generate_feedback", aid, "--force", env=env, timeout=600)
+    # Rubrics sit in the autograded notebooks for formgrader only: out while feedback is written.
+    graded = [os.path.join(out, "autograded", sid, aid, f"{aid}.ipynb") for sid in sids]
+    graded = [p for p in graded if os.path.exists(p)]
+    for path in graded:
+        rubric.strip(path)
+    try:
+        proc = nbgrader("generate_feedback", aid, "--force", env=env, timeout=600)
+    finally:
+        for path in graded:
+            rubric.add(path, aid)
     with open(os.path.join(out, "logs", f"feedback-{aid}.log"), "w") as f:
         f.write(proc.stdout + proc.stderr)
     db_path, missing = os.path.join(out, "gradebook.db"), []
@@ -312,6 +322,10 @@ def _grade_one(sid, aid, nb_path, out, env, timeout, sandbox, slot) -> tuple[str
             why = f"nbgrader autograde failed (see logs/{sid}-{aid}.log)"
         else:
             why = None
+            graded = os.path.join(out, "autograded", sid, aid, f"{aid}.ipynb")
+            if os.path.exists(graded):
+                from autograder import rubric
+                rubric.add(graded, aid)         # beside the written answers, for formgrader
     except Exception as e:  # subprocess.TimeoutExpired and friends
         log, why = f"$ nbgrader {' '.join(step)}\n{e}", f"grading stopped: {type(e).__name__}"
     finally:

@@ -20,6 +20,7 @@ from tests.fixtures.make_submission import ROOT, load, solution_as_submission, w
 
 pytestmark = pytest.mark.timeout(1500)
 AID = "00_setup"
+MANUAL = "06_communication_bill"          # has a manually graded written answer
 
 
 def _make(*args, env=None, timeout=900):
@@ -31,7 +32,7 @@ def _make(*args, env=None, timeout=900):
 
 def _rows(out):
     with open(os.path.join(out, "grades.csv")) as f:
-        return {r["student_id"]: r for r in csv.DictReader(f)}
+        return {r["student_id"]: r for r in csv.DictReader(f) if r["assignment_id"] == AID}
 
 
 @pytest.fixture(scope="module")
@@ -41,6 +42,7 @@ def graded(tmp_path_factory):
     out = str(tmp_path_factory.mktemp("graded"))
     write(solution_as_submission(AID), subs, "alice", AID)
     write(load("notebooks", AID), subs, "bob", AID)
+    write(solution_as_submission(MANUAL), subs, "alice", MANUAL)   # a written answer to grade
     for sid in ("alice", "bob"):             # what `nbgrader collect` leaves beside the notebook
         (subs / sid / AID / "timestamp.txt").write_text("2026-11-30 09:00:00.000000 UTC")
     first = _make("grade", f"SUBMISSIONS={subs}", f"OUT={out}", "JOBS=2")
@@ -63,8 +65,20 @@ def test_jobs_grade_each_submission_with_a_progress_line(graded):
     assert set(rows) == {"alice", "bob"}
     assert float(rows["alice"]["score"]) == float(rows["alice"]["max_score"]) > 0, rows["alice"]
     assert float(rows["bob"]["score"]) == 0, rows["bob"]
-    progress = [l for l in graded["first"].splitlines() if l.startswith(("[1/2]", "[2/2]"))]
-    assert len(progress) == 2 and all("left" in l for l in progress), graded["first"]
+    progress = [l for l in graded["first"].splitlines() if l.startswith(("[1/3]", "[2/3]", "[3/3]"))]
+    assert len(progress) == 3 and all("left" in l for l in progress), graded["first"]
+
+
+def test_rubric_for_formgrader_never_in_feedback(graded):
+    import nbformat
+    out = graded["out"]
+    nb = nbformat.read(os.path.join(out, "autograded", "alice", MANUAL, f"{MANUAL}.ipynb"), as_version=4)
+    ids = [c.metadata.get("nbgrader", {}).get("grade_id") for c in nb.cells]
+    answer = ids.index("three-x-explanation")
+    assert "Rubric for `three-x-explanation`" in nb.cells[answer + 1].source
+    assert "Instructor only" in nb.cells[answer + 1].source
+    page = open(os.path.join(out, "feedback", "alice", MANUAL, f"{MANUAL}.html"), encoding="utf-8").read()
+    assert "Rubric for" not in page and "Instructor only" not in page
 
 
 def test_regrade_merges_and_inbound_takes_the_newest(graded):
@@ -84,12 +98,13 @@ def test_export_one_row_per_learner_and_feedback_zips(graded):
     body = {r[0]: dict(zip(header, r)) for r in table[1:]}
     assert header[0] == "student_id" and header[-2:] == ["total", "max_total"] and AID in header
     assert set(body) == {"alice", "bob", "carol"}
-    assert body["alice"][AID] == body["alice"]["total"] == f"{float(graded['rows']['alice']['score']):g}"
+    assert body["alice"][AID] == f"{float(graded['rows']['alice']['score']):g}"
+    assert float(body["alice"]["total"]) == float(body["alice"][AID]) + float(body["alice"][MANUAL])
     assert body["bob"][AID] == "0"
-    missing = [a for a in header[1:-2] if a != AID]
+    missing = [a for a in header[1:-2] if a not in (AID, MANUAL)]
     assert missing and all(body["alice"][a] == "" for a in missing)    # not submitted: empty, not 0
     with zipfile.ZipFile(os.path.join(out, "export", "feedback", "alice.zip")) as z:
-        assert z.namelist() == [f"{AID}.html"]
+        assert sorted(z.namelist()) == [f"{AID}.html", f"{MANUAL}.html"]
         page = z.read(f"{AID}.html").decode()
     assert "BEGIN HIDDEN TESTS" not in page and "✅" in page
 

@@ -435,6 +435,39 @@ def bench_autograde(blank: bool = False) -> tuple[dict, bool]:
     return out, sandboxed
 
 
+def bench_class(size: int = 20, jobs: tuple[int, ...] = (1, 2), aids: list[str] | None = None) -> dict:
+    """Wall-clock seconds to grade a class: `size` submissions (copies of the reference
+    solution) of each notebook, graded by autograder/grade.py with each JOBS value.
+
+    Args:
+        size: submissions per notebook (a workshop's class size).
+        jobs: the JOBS values to compare (submissions graded at once).
+        aids: notebooks (default: all).
+    """
+    import shutil as _shutil
+    root = _course_root()
+    sandboxed = _shutil.which("bwrap") is not None
+    out = {}
+    for aid in aids or _assignments():
+        with tempfile.TemporaryDirectory(prefix="zc-bench-class-") as tmp:
+            subs = os.path.join(tmp, "submissions")
+            for k in range(size):
+                os.makedirs(os.path.join(subs, f"learner{k:02d}", aid))
+                _shutil.copy(os.path.join(root, "solutions", aid, f"{aid}.ipynb"),
+                             os.path.join(subs, f"learner{k:02d}", aid, f"{aid}.ipynb"))
+            for j in jobs:
+                graded = os.path.join(tmp, f"graded-{j}")
+                cmd = [sys.executable, os.path.join(root, "autograder", "grade.py"), subs, graded,
+                       "--jobs", str(j)] + ([] if sandboxed else ["--no-sandbox"])
+                t0 = time.monotonic()
+                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=7200)
+                took = time.monotonic() - t0
+                if proc.returncode != 0:
+                    raise RuntimeError(f"grade.py --jobs {j} failed:\n{proc.stderr[-3000:]}")
+                out.setdefault(aid, {})[f"jobs{j}_s"] = round(took, 1)
+    return {"size": size, "sandboxed": sandboxed, "notebooks": out}
+
+
 def main(argv=None) -> int:
     import argparse
     parser = argparse.ArgumentParser(description="Course benchmarks: figures printed and written "
@@ -443,6 +476,11 @@ def main(argv=None) -> int:
                         help="comma-separated parts to run (default: all)")
     parser.add_argument("--blank", action="store_true",
                         help="also autograde each notebook's blank release copy (+3 min)")
+    parser.add_argument("--class-size", type=int, default=20,
+                        help="`--only class`: submissions per notebook (default 20)")
+    parser.add_argument("--class-jobs", default="1,2", help="`--only class`: JOBS values (default 1,2)")
+    parser.add_argument("--class-notebooks", default="",
+                        help="`--only class`: comma-separated notebook ids (default: all)")
     parser.add_argument("--stress-kernel", type=int, metavar="ROUNDS", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.stress_kernel is not None:        # one kernel of bench_stress: a JSON line out
@@ -463,6 +501,9 @@ def main(argv=None) -> int:
         results["notebooks_total_s"] = round(sum(r["execute_s"] for r in results["notebooks"].values()), 2)
     if "autograde" in parts:
         results["autograde"], results["autograde_sandboxed"] = bench_autograde(args.blank)
+    if "class" in parts:
+        results["class"] = bench_class(args.class_size, tuple(int(j) for j in args.class_jobs.split(",")),
+                                       [a for a in args.class_notebooks.split(",") if a] or None)
     _print(results)
     os.makedirs("bench", exist_ok=True)
     with open(os.path.join("bench", "results.json"), "w") as f:
@@ -472,6 +513,14 @@ def main(argv=None) -> int:
 
 
 def _print(results: dict) -> None:
+    if "class" in results:
+        c = results["class"]
+        jobs = sorted({k for r in c["notebooks"].values() for k in r})
+        print(f"class grading: {c['size']} submissions per notebook, "
+              f"{'sandboxed' if c['sandboxed'] else 'not sandboxed'}, {os.cpu_count()} cores")
+        print(f"{'notebook':<24} " + " ".join(f"{j.replace('_s', ' s'):>10}" for j in jobs))
+        for aid, r in c["notebooks"].items():
+            print(f"{aid:<24} " + " ".join(f"{r.get(j, float('nan')):>10.1f}" for j in jobs))
     print(f"{'ranks':>5} {'zerocourse.launch':>18} {'torchrun':>10} {'ratio':>7}")
     for n, r in results.get("launcher", {}).items():
         print(f"{n:>5} {r['zerocourse_s']:>17.3f}s {r['torchrun_s']:>9.2f}s {r['ratio']:>7.3f}")
