@@ -18,12 +18,13 @@ from tests.fixtures.make_submission import (ROOT, cell_by_id, load, make_grade, 
                                             solution_as_submission, write)
 from tests.proc_util import descendants
 
-# One `make grade` of the whole battery (~8 min alone, more beside another pytest worker).
+# One `make grade` of the whole battery, two submissions at a time (JOBS=2: most cases wait on
+# a timeout, so they overlap well; ~8 min alone with JOBS=1, more beside another pytest worker).
 pytestmark = pytest.mark.timeout(1800)
 
 AID = "00_setup"
 ENV = {"ZEROCOURSE_COLLECTIVE_TIMEOUT": "3", "ZEROCOURSE_TIMEOUT": "10",
-       "ZEROCOURSE_CELL_TIMEOUT": "40"}
+       "ZEROCOURSE_CELL_TIMEOUT": "40", "JOBS": "2"}
 SUM, MEAN = "setup-sum-of-ranks", "setup-global-mean"
 MEAN_TESTS = ("setup-global-mean-check", "setup-global-mean-hidden")
 
