@@ -41,7 +41,13 @@ def graded(tmp_path_factory):
     for key in NOISY:
         aid, style = key.split("/")
         write(submission(aid, answers_of(fixtures()[key])), subs, "noisy", aid)
-    rows, _ = make_grade(subs, out, timeout=2400)
+    rows, took = make_grade(subs, out, timeout=2400)
+    # Seconds per submission, for the workshop plan (artifacts/timings/grading_s.json).
+    folder = os.path.join(ROOT, "artifacts", "timings")
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, "grading_s.json"), "w") as f:
+        json.dump({"total_s": round(took, 1), "load": round(os.getloadavg()[0], 1),
+                   "rows": {"/".join(k): float(r["seconds"]) for k, r in rows.items()}}, f, indent=1)
     return rows
 
 
