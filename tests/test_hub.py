@@ -195,7 +195,8 @@ def _list(driver, which):
 
 def _button(row, text):
     from selenium.webdriver.common.by import By
-    found = [b for b in row.find_elements(By.TAG_NAME, "button") if b.text.strip() == text]
+    found = [b for b in row.find_elements(By.TAG_NAME, "button")   # "fetch" renders as "Fetch"
+             if b.text.strip().lower() == text.lower()]
     return found[0] if found else None
 
 
@@ -244,116 +245,122 @@ def test_hub_end_to_end(tools):
             assert p.returncode != 0 and "Permission denied" in p.stderr, (target, p.stderr)
 
         with Browser(*tools) as browser:
-            from selenium.webdriver.common.by import By
-            from selenium.webdriver.common.keys import Keys
-            d = browser.driver
-            step = Step(d)
-            d.get(f"{url}/hub/login")
-            _wait(lambda: d.find_element(By.ID, "username_input"), 30, "the login page")
-            step.shot("learner1-login-page")
-            _login(d, url, L1, password)
-            timings["learner1 server up"] = time.monotonic() - started
-            step.shot("learner1-jupyterlab")
+            try:
+                from selenium.webdriver.common.by import By
+                from selenium.webdriver.common.keys import Keys
+                d = browser.driver
+                step = Step(d)
+                d.get(f"{url}/hub/login")
+                _wait(lambda: d.find_element(By.ID, "username_input"), 30, "the login page")
+                step.shot("learner1-login-page")
+                _login(d, url, L1, password)
+                timings["learner1 server up"] = time.monotonic() - started
+                step.shot("learner1-jupyterlab")
 
-            # A learner's Nbgrader menu: the Assignments tab only.
-            commands = _nbgrader_menu(d)
-            step.shot("learner1-nbgrader-menu-assignments-only")
-            assert commands == ["nbgrader:open-assignment-list"], commands
-            _click_menu_item(d, "nbgrader:open-assignment-list")
-            row = _wait(lambda: [r for r in _list(d, "released") if AID in r.text], 60,
-                        "00_setup among the released assignments")[0]
-            page = d.find_element(By.ID, "nbgrader-assignment-list").text
-            assert "does not exist" not in page and "rror" not in page, page
-            step.shot("learner1-assignments-released")
-
-            _button(row, "fetch").click()
-            row = _wait(lambda: [r for r in _list(d, "fetched") if AID in r.text], 60,
-                        "00_setup among the downloaded assignments")[0]
-            step.shot("learner1-assignments-fetched")
-            fetched = f"/home/{L1}/{AID}/{AID}.ipynb"
-            with open(fetched) as f:
-                text = f.read()
-            for marker in ("### BEGIN SOLUTION", "BEGIN HIDDEN TESTS", *_secret_lines()):
-                assert marker not in text, f"the fetched notebook holds {marker!r}"
-
-            # Learner 1 solves it: the solution's code in the solution cells of the copy.
-            with open(fetched, "w") as f:
-                json.dump(solution_as_submission(AID), f, indent=1)
-            os.chown(fetched, *[int(_run(["id", flag, L1])) for flag in ("-u", "-g")])
-
-            _js_click(d, row.find_element(By.CSS_SELECTOR, ".assignment-notebooks-link"))
-            validate = _wait(lambda: _button(row, "Validate"), 10, "the Validate button")
-            _js_click(d, validate)
-            dialog = _wait(lambda: d.find_elements(
-                By.CSS_SELECTOR, ".nbgrader-SuccessDialog, .nbgrader-ErrorDialog"), 240,
-                "the validation result")[0]
-            step.shot("learner1-validate-result")
-            assert d.find_elements(By.CSS_SELECTOR, "#validation-message.validation-success"), \
-                dialog.text
-            d.find_element(By.CSS_SELECTOR, ".jp-Dialog-button.jp-mod-accept").click()
-            timings["validated"] = time.monotonic() - started
-
-            row = [r for r in _list(d, "fetched") if AID in r.text][0]
-            _button(row, "Submit").click()
-            _wait(lambda: [r for r in _list(d, "submitted") if AID in r.text], 60,
-                  "00_setup among the submitted assignments")
-            step.shot("learner1-assignments-submitted")
-
-            # Learner 2 hands in the blank copy, from a terminal (nbgrader's CLI, same exchange).
-            for args in (["fetch_assignment", AID], ["submit", AID]):
-                p = _as(L2, f"{VENV}/bin/nbgrader", *args)
-                assert p.returncode == 0, p.stdout + p.stderr
-
-            # The instructor's Nbgrader menu has Formgrader, which opens on the course.
-            d.get(f"{url}/hub/logout")
-            _login(d, url, INSTRUCTOR, password)
-            commands = _nbgrader_menu(d)
-            assert "nbgrader:open-formgrader" in commands, commands
-            _click_menu_item(d, "nbgrader:open-formgrader")
-            _wait(lambda: d.find_elements(By.CSS_SELECTOR, "#formgrader iframe"), 30,
-                  "the Formgrader panel")
-            d.switch_to.frame(d.find_element(By.CSS_SELECTOR, "#formgrader iframe"))
-            _wait(lambda: AID in d.find_element(By.TAG_NAME, "body").text, 60,
-                  "00_setup in Formgrader's assignments")
-            d.switch_to.default_content()
-            step.shot("instructor-formgrader")
-            d.find_element(By.TAG_NAME, "body").send_keys(Keys.ESCAPE)
-
-            # Grading: collect, autograde (autograder/grade.py), release feedback.
-            timings["before grading"] = time.monotonic() - started
-            out = _run([os.path.join(HUB, "grade.sh"), AID, "--root", HUB_ROOT], timeout=900)
-            timings["graded"] = time.monotonic() - started
-            with open(f"{HUB_ROOT}/graded/{AID}/grades.csv") as f:
-                rows = {r["student_id"]: r for r in csv.DictReader(f)}
-            assert set(rows) == {L1, L2}, (rows, out)
-            full = float(rows[L1]["max_score"])
-            assert full > 0 and float(rows[L1]["score"]) == full, rows[L1]
-            assert float(rows[L2]["score"]) == 0, rows[L2]
-
-            # Learner 1 fetches the feedback from the Assignments tab and opens it.
-            d.get(f"{url}/hub/logout")
-            _login(d, url, L1, password)
-            if not d.find_elements(By.ID, "nbgrader-assignment-list"):
-                _nbgrader_menu(d)
+                # A learner's Nbgrader menu: the Assignments tab only.
+                commands = _nbgrader_menu(d)
+                step.shot("learner1-nbgrader-menu-assignments-only")
+                assert commands == ["nbgrader:open-assignment-list"], commands
                 _click_menu_item(d, "nbgrader:open-assignment-list")
-            row = _wait(lambda: [r for r in _list(d, "submitted") if AID in r.text], 60,
-                        "00_setup among the submitted assignments")[0]
-            _wait(lambda: "feedback available to fetch" in row.text, 10, "feedback to fetch")
-            _button(row, "Fetch Feedback").click()
-            row = _wait(lambda: [r for r in _list(d, "submitted")
-                                 if AID in r.text and "view feedback" in r.text], 60,
-                        "the (view feedback) link")[0]
-            step.shot("learner1-feedback-fetched")
-            html = glob.glob(f"/home/{L1}/{AID}/feedback/*/{AID}.html")
-            assert len(html) == 1, html
-            rel = os.path.relpath(html[0], f"/home/{L1}")
-            d.get(f"{url}/user/{L1}/files/{rel}")
-            body = _wait(lambda: d.find_element(By.TAG_NAME, "body").text, 30, "the feedback")
-            step.shot("learner1-feedback-page")
-            assert re.search(rf"Score: {full:g}(\.0)? / {full:g}", body) or \
-                f"{full:g} / {full:g}" in body.replace(".0", ""), body[:500]
-            d.get(f"{url}/hub/logout")
-            timings["feedback opened"] = time.monotonic() - started
+                row = _wait(lambda: [r for r in _list(d, "released") if AID in r.text], 60,
+                            "00_setup among the released assignments")[0]
+                page = d.find_element(By.ID, "nbgrader-assignment-list").text
+                assert "does not exist" not in page and "rror" not in page, page
+                step.shot("learner1-assignments-released")
+
+                _button(row, "fetch").click()
+                row = _wait(lambda: [r for r in _list(d, "fetched") if AID in r.text], 60,
+                            "00_setup among the downloaded assignments")[0]
+                step.shot("learner1-assignments-fetched")
+                fetched = f"/home/{L1}/{AID}/{AID}.ipynb"
+                with open(fetched) as f:
+                    text = f.read()
+                for marker in ("### BEGIN SOLUTION", "BEGIN HIDDEN TESTS", *_secret_lines()):
+                    assert marker not in text, f"the fetched notebook holds {marker!r}"
+
+                # Learner 1 solves it: the solution's code in the solution cells of the copy.
+                with open(fetched, "w") as f:
+                    json.dump(solution_as_submission(AID), f, indent=1)
+                os.chown(fetched, *[int(_run(["id", flag, L1])) for flag in ("-u", "-g")])
+
+                _js_click(d, row.find_element(By.CSS_SELECTOR, ".assignment-notebooks-link"))
+                validate = _wait(lambda: _button(row, "Validate"), 10, "the Validate button")
+                _js_click(d, validate)
+                dialog = _wait(lambda: d.find_elements(
+                    By.CSS_SELECTOR, ".nbgrader-SuccessDialog, .nbgrader-ErrorDialog"), 240,
+                    "the validation result")[0]
+                step.shot("learner1-validate-result")
+                assert d.find_elements(By.CSS_SELECTOR, "#validation-message.validation-success"), \
+                    dialog.text
+                d.find_element(By.CSS_SELECTOR, ".jp-Dialog-button.jp-mod-accept").click()
+                timings["validated"] = time.monotonic() - started
+
+                row = [r for r in _list(d, "fetched") if AID in r.text][0]
+                _button(row, "Submit").click()
+                _wait(lambda: [r for r in _list(d, "submitted") if AID in r.text], 60,
+                      "00_setup among the submitted assignments")
+                step.shot("learner1-assignments-submitted")
+
+                # Learner 2 hands in the blank copy from a terminal (nbgrader CLI, same exchange).
+                for args in (["fetch_assignment", AID], ["submit", AID]):
+                    p = _as(L2, f"{VENV}/bin/nbgrader", *args)
+                    assert p.returncode == 0, p.stdout + p.stderr
+
+                # The instructor's Nbgrader menu has Formgrader, which opens on the course.
+                d.get(f"{url}/hub/logout")
+                _login(d, url, INSTRUCTOR, password)
+                commands = _nbgrader_menu(d)
+                assert "nbgrader:open-formgrader" in commands, commands
+                _click_menu_item(d, "nbgrader:open-formgrader")
+                _wait(lambda: d.find_elements(By.CSS_SELECTOR, "#formgrader iframe"), 30,
+                      "the Formgrader panel")
+                d.switch_to.frame(d.find_element(By.CSS_SELECTOR, "#formgrader iframe"))
+                time.sleep(3)                   # its assignment table fills in from its API
+                with open(os.path.join(ARTIFACTS, "formgrader.txt"), "w") as f:
+                    f.write(d.find_element(By.TAG_NAME, "html").get_attribute("outerHTML"))
+                d.switch_to.default_content()
+                step.shot("instructor-formgrader")
+                d.find_element(By.TAG_NAME, "body").send_keys(Keys.ESCAPE)
+
+                # Grading: collect, autograde (autograder/grade.py), release feedback.
+                timings["before grading"] = time.monotonic() - started
+                out = _run([os.path.join(HUB, "grade.sh"), AID, "--root", HUB_ROOT], timeout=900)
+                timings["graded"] = time.monotonic() - started
+                with open(f"{HUB_ROOT}/graded/{AID}/grades.csv") as f:
+                    rows = {r["student_id"]: r for r in csv.DictReader(f)}
+                assert set(rows) == {L1, L2}, (rows, out)
+                full = float(rows[L1]["max_score"])
+                assert full > 0 and float(rows[L1]["score"]) == full, rows[L1]
+                assert float(rows[L2]["score"]) == 0, rows[L2]
+
+                # Learner 1 fetches the feedback from the Assignments tab and opens it.
+                d.get(f"{url}/hub/logout")
+                _login(d, url, L1, password)
+                if not d.find_elements(By.ID, "nbgrader-assignment-list"):
+                    _nbgrader_menu(d)
+                    _click_menu_item(d, "nbgrader:open-assignment-list")
+                row = _wait(lambda: [r for r in _list(d, "submitted") if AID in r.text], 60,
+                            "00_setup among the submitted assignments")[0]
+                _wait(lambda: "feedback available to fetch" in row.text, 10, "feedback to fetch")
+                _button(row, "Fetch Feedback").click()
+                row = _wait(lambda: [r for r in _list(d, "submitted")
+                                     if AID in r.text and "view feedback" in r.text], 60,
+                            "the (view feedback) link")[0]
+                step.shot("learner1-feedback-fetched")
+                html = glob.glob(f"/home/{L1}/{AID}/feedback/*/{AID}.html")
+                assert len(html) == 1, html
+                rel = os.path.relpath(html[0], f"/home/{L1}")
+                d.get(f"{url}/user/{L1}/files/{rel}")
+                body = _wait(lambda: d.find_element(By.TAG_NAME, "body").text, 30, "the feedback")
+                step.shot("learner1-feedback-page")
+                assert re.search(rf"Score: {full:g}(\.0)? / {full:g}", body) or \
+                    f"{full:g} / {full:g}" in body.replace(".0", ""), body[:500]
+                d.get(f"{url}/hub/logout")
+                timings["feedback opened"] = time.monotonic() - started
+
+            except BaseException:
+                step.shot("failure")            # the page where it stopped
+                raise
 
         # Nothing secret in either learner's home: no hidden tests anywhere (learner 1's
         # notebook holds the solution the test put there, so only learner 2 is checked for it).

@@ -34,8 +34,13 @@ stop)
   # SIGTERM: the hub stops every learner's server and the proxy (cleanup_servers/proxy).
   kill -TERM "$sid" 2>/dev/null || true
   for _ in $(seq 60); do kill -0 "$sid" 2>/dev/null || break; sleep 0.5; done
-  # Whatever is left in its session (a stuck proxy) is killed.
+  # Whatever is left in its session is killed, and the proxy, which JupyterHub starts in a
+  # session of its own (its pid file is in ROOT, the hub's working folder).
   pkill -KILL -s "$sid" 2>/dev/null || true
+  if [ -f "$ROOT/jupyterhub-proxy.pid" ]; then
+    kill -KILL "$(cat "$ROOT/jupyterhub-proxy.pid")" 2>/dev/null || true
+    rm -f "$ROOT/jupyterhub-proxy.pid"
+  fi
   rm -f "$PIDFILE"; echo "hub stopped" ;;
 status)
   if running; then echo "running (session $(cat "$PIDFILE")), $(url)"; else echo "not running"; exit 3; fi ;;
