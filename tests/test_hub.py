@@ -385,6 +385,8 @@ def test_hub_end_to_end(tools):
             json.dump({**{k: round(v, 1) for k, v in timings.items()},
                        "total": round(time.monotonic() - started, 1)}, f, indent=1)
         if failure is None:
+            with open(os.path.join(ARTIFACTS, "jupyterhub.log")) as f:   # servers log here too
+                assert "does not exist" not in f.read(), "a server warned about a missing folder"
             assert down.returncode == 0, down.stdout + down.stderr
             assert left == [], f"left running after teardown: {left}"
             for u in (INSTRUCTOR, L1, L2):

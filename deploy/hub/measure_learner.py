@@ -51,7 +51,7 @@ def cpu_s() -> float:
 def measure(aid: str) -> dict:
     import nbformat
     from nbclient import NotebookClient
-    nb = nbformat.from_dict(solution_as_submission(aid))
+    nb = nbformat.reads(json.dumps(solution_as_submission(aid)), as_version=4)
     peak, stop = [0], threading.Event()
 
     def sample():
