@@ -66,11 +66,11 @@ def measure(aid: str) -> dict:
         cpu0, wall0 = cpu_s(), time.monotonic()
         t.start()
         with client.setup_kernel():
-            idle = 0
+            idle = None
             for i, cell in enumerate(nb.cells):
                 client.execute_cell(cell, i)
-                if i == 0:
-                    time.sleep(3)       # the fork server has started: the idle footprint
+                if idle is None and cell.cell_type == "code" and "import" in cell.source:
+                    time.sleep(3)       # imports done, fork server up: a learner between launches
                     idle = pss_total()
             wall, cpu = time.monotonic() - wall0, cpu_s() - cpu0
         stop.set()
