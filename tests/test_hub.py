@@ -317,9 +317,9 @@ def test_hub_end_to_end(tools):
                 _wait(lambda: d.find_elements(By.CSS_SELECTOR, "#formgrader iframe"), 30,
                       "the Formgrader panel")
                 d.switch_to.frame(d.find_element(By.CSS_SELECTOR, "#formgrader iframe"))
-                time.sleep(3)                   # its assignment table fills in from its API
-                with open(os.path.join(ARTIFACTS, "formgrader.txt"), "w") as f:
-                    f.write(d.find_element(By.TAG_NAME, "html").get_attribute("outerHTML"))
+                # Its table of assignments fills in from its API: 00_setup, released.
+                _wait(lambda: AID in d.find_element(By.TAG_NAME, "body").text, 60,
+                      "00_setup in Formgrader's Manage Assignments")
                 d.switch_to.default_content()
                 step.shot("instructor-formgrader")
                 d.find_element(By.TAG_NAME, "body").send_keys(Keys.ESCAPE)

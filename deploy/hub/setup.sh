@@ -131,8 +131,11 @@ cat > "$ROOT/jupyter/instructor/nbgrader_config.py" <<PY
 c = get_config()
 load_subconfig("$COURSE/nbgrader_config.py")
 PY
+# Formgrader is a page in an iframe of JupyterLab: JupyterHub (>= 4.1) forbids framing a
+# single-user server ("frame-ancestors 'none'"), so the instructor's server allows its own pages.
 cat > "$ROOT/jupyter/instructor/jupyter_server_config.json" <<JSON
-{"MappingKernelManager": {"cull_idle_timeout": $CULL, "cull_interval": 120}}
+{"ServerApp": {"tornado_settings": {"headers": {"Content-Security-Policy": "frame-ancestors 'self'"}}},
+ "MappingKernelManager": {"cull_idle_timeout": $CULL, "cull_interval": 120}}
 JSON
 chmod -R a+rX "$ROOT/jupyter"
 
