@@ -85,7 +85,8 @@ def _leftovers(uids):
                 cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        if st.st_uid in uids or HUB_ROOT in cmd or "configurable-http-proxy" in cmd:
+        if st.st_uid in uids or HUB_ROOT in cmd or any(
+                name in cmd for name in ("configurable-http-proxy", "jupyterhub")):
             found.append(f"{entry} uid={st.st_uid} {cmd[:200]}")
     return found
 

@@ -31,12 +31,15 @@ start)
 stop)
   [ -f "$PIDFILE" ] || { echo "hub not running"; exit 0; }
   sid=$(cat "$PIDFILE")
+  # The hub's children (proxy, idle culler, servers) run in sessions of their own: note them.
+  children=$(pgrep -P "$sid" || true)
   # SIGTERM: the hub stops every learner's server and the proxy (cleanup_servers/proxy).
   kill -TERM "$sid" 2>/dev/null || true
   for _ in $(seq 60); do kill -0 "$sid" 2>/dev/null || break; sleep 0.5; done
   # Whatever is left in its session is killed, and the proxy, which JupyterHub starts in a
   # session of its own (its pid file is in ROOT, the hub's working folder).
   pkill -KILL -s "$sid" 2>/dev/null || true
+  for pid in $children; do kill -KILL "$pid" 2>/dev/null || true; done
   if [ -f "$ROOT/jupyterhub-proxy.pid" ]; then
     kill -KILL "$(cat "$ROOT/jupyterhub-proxy.pid")" 2>/dev/null || true
     rm -f "$ROOT/jupyterhub-proxy.pid"
