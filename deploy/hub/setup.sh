@@ -40,13 +40,13 @@ command -v node >/dev/null && command -v npm >/dev/null ||
   die "node and npm are missing (configurable-http-proxy needs them): apt-get install nodejs npm"
 command -v useradd >/dev/null || die "useradd missing: apt-get install passwd"
 [ -e "$ROOT/hub.json" ] && die "$ROOT is already a deployment: deploy/hub/teardown.sh --root $ROOT first"
+bad=$(awk '!/^[[:space:]]*(#|$)/ && !($1=="learner"||$1=="instructor") {print NR": "$0}' "$USERS_FILE")
+[ -z "$bad" ] || die "$USERS_FILE: lines must be 'learner NAME' or 'instructor NAME'; not: $bad"
 mapfile -t LEARNERS < <(awk '$1=="learner"{print $2}' "$USERS_FILE")
 mapfile -t INSTRUCTORS < <(awk '$1=="instructor"{print $2}' "$USERS_FILE")
 [ ${#INSTRUCTORS[@]} = 1 ] || die "$USERS_FILE must name exactly one instructor (found ${#INSTRUCTORS[@]})"
 [ ${#LEARNERS[@]} -ge 1 ] || die "$USERS_FILE names no learner"
 INSTRUCTOR=${INSTRUCTORS[0]}
-bad=$(awk '!/^[[:space:]]*(#|$)/ && !($1=="learner"||$1=="instructor") {print NR": "$0}' "$USERS_FILE")
-[ -z "$bad" ] || die "$USERS_FILE: lines must be 'learner NAME' or 'instructor NAME':\n$bad"
 for u in "${LEARNERS[@]}" "$INSTRUCTOR"; do
   [[ $u =~ ^[a-z_][a-z0-9_-]{0,31}$ ]] || die "user name '$u' is not a plain Linux name (a-z 0-9 _ -)"
   id "$u" >/dev/null 2>&1 && die "user '$u' already exists: remove it or pick another name (setup only creates new users, so teardown can remove them)"
