@@ -19,6 +19,7 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
 VENV=$REPO/.venv
 die() { echo "setup.sh: $*" >&2; exit 1; }
+ARGS="$*"                   # for the messages: the loop below consumes them
 
 USERS_FILE=""; ROOT=/srv/zerocourse-hub; IP=0.0.0.0; PORT=8000; MEM_GIB=3; CPUS=2; NPROC=512
 CULL=3600; START=1; GRANT=0; GROUP=zerocourse-hub
@@ -34,7 +35,7 @@ while [ $# -gt 0 ]; do
 done
 
 # --- checks first: nothing is changed unless every one passes ---------------------------------
-[ "$(id -u)" = 0 ] || die "must run as root (it creates users and folders): sudo $0 $*"
+[ "$(id -u)" = 0 ] || die "must run as root (it creates users and folders): sudo $0 $ARGS"
 [ -n "$USERS_FILE" ] && [ -r "$USERS_FILE" ] || die "no readable USERS_FILE given (see deploy/hub/users.example)"
 command -v node >/dev/null && command -v npm >/dev/null ||
   die "node and npm are missing (configurable-http-proxy needs them): apt-get install nodejs npm"
