@@ -308,6 +308,9 @@ def test_hub_end_to_end(tools):
                 for args in (["fetch_assignment", AID], ["submit", AID]):
                     p = _as(L2, f"{VENV}/bin/nbgrader", *args)
                     assert p.returncode == 0, p.stdout + p.stderr
+                # ...and cannot list the submissions in the exchange (learner 1's among them).
+                p = _as(L2, "ls", f"{HUB_ROOT}/exchange/zero-by-hand/inbound")
+                assert p.returncode != 0 and "Permission denied" in p.stderr, p.stdout
 
                 # The instructor's Nbgrader menu has Formgrader, which opens on the course.
                 d.get(f"{url}/hub/logout")
