@@ -3,12 +3,15 @@
 .DEFAULT_GOAL := help
 include setup.mk
 
-.PHONY: help setup sandbox-tools lab test test-browser screenshots release check-release grade feedback check export formgrader handout bench wheelhouse clean-venv
+.PHONY: help setup sandbox-tools lab test test-browser test-hub hub hub-down screenshots release check-release grade feedback check export formgrader handout bench wheelhouse clean-venv
 
 help:
 	@echo "make lab       set up .venv and open the course in JupyterLab (your copies: $(WORKDIR)/)"
 	@echo "make test      set up .venv and run every test"
 	@echo "make test-browser   only the browser test (JupyterLab + Notebook 7 in headless Chromium)"
+	@echo "make test-hub       only the JupyterHub test (deploy/hub/, as root: users, exchange, grading)"
+	@echo "make hub USERS=file [HUB_ARGS=...]   set up and start the course's JupyterHub (root)"
+	@echo "make hub-down                        remove it: users, folders, processes (root)"
 	@echo "make release   regenerate notebooks/ from solutions/ (instructors)"
 	@echo "make grade SUBMISSIONS=dir OUT=dir   autograde <student>/<assignment>/<assignment>.ipynb"
 	@echo "make feedback OUT=dir               after manual grading: regenerate feedback and grades.csv"
@@ -28,15 +31,33 @@ sandbox-tools:
 # Two pytest workers (whole files each): the grading battery mostly waits on timeouts and
 # kernels, so it overlaps well with the rest even on 2 cores. The browser test runs after, alone:
 # a browser, a Jupyter server and ranks beside two busy workers overload a 2-core machine.
+# The hub test comes last, alone too (a hub, three users' servers, a browser and grading).
 TEST_WORKERS ?= 2
 test: setup sandbox-tools
-	$(PY) -m pytest tests -n $(TEST_WORKERS) --dist loadfile --ignore=tests/test_browser.py
+	$(PY) -m pytest tests -n $(TEST_WORKERS) --dist loadfile --durations=25 --ignore=tests/test_browser.py \
+	  --ignore=tests/test_hub.py
 	$(PY) -m pytest tests/test_browser.py
+	$(PY) -m pytest tests/test_hub.py
 
 # The notebooks in JupyterLab and Notebook 7, driven in headless Chromium (part of `make test`;
 # it installs Debian's chromium + chromium-driver itself when it can, and skips saying why if not).
 test-browser: setup
 	$(PY) -m pytest tests/test_browser.py
+
+# The course on JupyterHub, end to end in headless Chromium (deploy/hub/README.md). Needs root
+# (it creates and removes users); installs JupyterHub, configurable-http-proxy (npm) and
+# chromium itself, and skips saying why where it cannot. Screenshots: artifacts/hub/.
+test-hub: setup sandbox-tools
+	$(PY) -m pytest tests/test_hub.py
+
+# A shared deployment (deploy/hub/README.md): USERS is a file of "learner NAME" /
+# "instructor NAME" lines; HUB_ARGS e.g. "--port 8000 --mem-gib 3 --cpus 2".
+hub: setup sandbox-tools
+	@test -n "$(USERS)" || { echo "usage: make hub USERS=deploy/hub/users.example [HUB_ARGS=...]"; exit 2; }
+	deploy/hub/setup.sh "$(USERS)" $(HUB_ARGS)
+
+hub-down:
+	deploy/hub/teardown.sh $(HUB_ARGS)
 
 # Refresh the README's screenshots from a browser run.
 screenshots: test-browser
