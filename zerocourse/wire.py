@@ -3,11 +3,11 @@
 `CommTracer` (comm.py) *computes* what a rank sends under the ring model from each call's
 tensor sizes. `SocketBytes` *measures* it: the kernel counts, for every TCP socket, the payload
 bytes the peer acknowledged (`tcpi_bytes_acked`, what we sent) and the payload bytes that
-arrived (`tcpi_bytes_received`). Summed over this process's TCP sockets (its /proc/self/fd
-entries that are sockets, each asked for its family and protocol: /proc/net/tcp is not read
-atomically and can skip a busy connection), read before and after
-a block, the difference is what went over gloo's connections during the block, with gloo's own
-framing included and TCP/IP headers excluded.
+arrived (`tcpi_bytes_received`). Summed over this process's TCP sockets (the socket entries of
+/proc/self/fd, each asked for its family and protocol with SO_DOMAIN / SO_PROTOCOL, which says
+"TCP" without parsing /proc/net/tcp), read before and after a block, the difference is what went
+over gloo's connections during the block, with gloo's own framing included and TCP/IP headers
+excluded. The file rendezvous store of `zerocourse.launch` is no socket, so nothing else counts.
 
 Usage inside a rank:
 
@@ -43,7 +43,7 @@ def available() -> tuple[bool, str]:
     if not sys.platform.startswith("linux"):
         return False, f"socket byte counters need Linux's TCP_INFO; not available on this OS ({sys.platform})"
     if not os.path.exists("/proc/self/fd") or not hasattr(socket, "SO_PROTOCOL"):
-        return False, "socket byte counters need /proc (Linux); not available here"
+        return False, "socket byte counters need /proc and SO_PROTOCOL (Linux); not available on this OS"
     return True, ""
 
 
