@@ -86,6 +86,7 @@ def problems(report: list[dict]) -> list[str]:
                     out.append(f"{where}: no {key}")
             for label, color in ax["legend"]:
                 m = re.match(r"rank (\d+)\b", label)
+                # to_hex gives lower case; plots.RANK_COLORS are written in upper case
                 if m and (color or "").lower() != rank_color(int(m.group(1))).lower():
                     out.append(f"{where}: {label!r} drawn in {color}, not {rank_color(int(m.group(1)))}")
     return out

@@ -184,9 +184,9 @@ VALID = {
     "chunks padded to equal size": ({"ring-all-reduce": PADDED_RING}, RING),
     "exact fractions; 3/2 written as 1.5": (
         {"comm-bytes-per-rank": FRACTION_BYTES,
-         "three-x-claim": "zero3_over_dp_passes = 3\nzero3_over_dp_bytes = 1.5\n"}, BYTES + CLAIM),
+         "three-x-claim": "zero3_over_dp_calls = 3\nzero3_over_dp_bytes = 1.5\n"}, BYTES + CLAIM),
     "the ratio as a Fraction": (
-        {"three-x-claim": "from fractions import Fraction\nzero3_over_dp_passes = 3\n"
+        {"three-x-claim": "from fractions import Fraction\nzero3_over_dp_calls = 3\n"
                           "zero3_over_dp_bytes = Fraction(3, 2)\n"}, CLAIM),
 }
 

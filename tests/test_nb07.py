@@ -72,3 +72,16 @@ def test_self_check_catches(bug):
 def test_q3_plain_containers_get_full_marks(answer):
     assert_full_marks(AID, solutions={"capstone-q3": f"answer_gathers_params = {answer}\n"},
                       only=["capstone-q3-test"])
+
+
+def test_learner_facing_code_never_uses_solutions():
+    """The handout has no solutions/: the capstone and 06's measured section load siblings only."""
+    import json
+    from pathlib import Path
+    root = Path(__file__).resolve().parent.parent
+    for aid in (AID, "06_communication_bill"):
+        nb = json.loads((root / "notebooks" / aid / f"{aid}.ipynb").read_text())
+        code = "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
+        assert "solutions" not in code, aid
+        assert 'Path("..") / ' in code, aid               # the sibling notebooks, as the capstone
+    assert "solutions" not in (root / "zerocourse" / "train.py").read_text().split('"""', 2)[2]

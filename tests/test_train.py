@@ -35,7 +35,9 @@ def _losses(out):
 
 @pytest.mark.parametrize("stage", [0, 3])
 def test_torchrun_two_cpu_ranks_trains(stage):
-    rc, out = _torchrun("--stage", str(stage), "--steps", "12", "--log-every", "4",
+    nb_id = {0: "02_data_parallelism", 3: "05_zero3"}[stage]    # the learner passes theirs
+    rc, out = _torchrun("--stage", str(stage), "--impl", f"solutions/{nb_id}/{nb_id}.ipynb",
+                        "--steps", "12", "--log-every", "4",
                         "--batch-size", "8", "--sample-chars", "30", "--backend", "gloo")
     assert rc == 0, out[-3000:]
     assert f"stage {stage} | 2 ranks (gloo, cpu)" in out
@@ -64,3 +66,17 @@ def test_refuses_to_run_without_torchrun():
                        text=True, timeout=60, env={k: v for k, v in os.environ.items()
                                                    if k not in ("RANK", "WORLD_SIZE")})
     assert r.returncode == 2 and "torchrun" in r.stderr
+
+
+def test_no_fallback_on_solutions(tmp_path, monkeypatch):
+    """Learners get a handout without solutions/: without --impl or my-notebooks/, say what to pass."""
+    from zerocourse import train
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(train, "REPO", tmp_path)
+    with pytest.raises(FileNotFoundError, match="needs your notebook 05_zero3.*--impl"):
+        train.load_impl(3, None)
+    mine = tmp_path / "my-notebooks" / "05_zero3" / "05_zero3.ipynb"
+    mine.parent.mkdir(parents=True)
+    mine.write_text((REPO / "solutions" / "05_zero3" / "05_zero3.ipynb").read_text())
+    impl, path = train.load_impl(3, None)
+    assert path == mine and hasattr(impl, "ZeRO3Module")

@@ -1,7 +1,8 @@
 """Train TinyGPT on the course corpus with ZeRO stage 0-3, launched by torchrun.
 
-The implementations are the course's reference solutions (loaded from
-solutions/<id>/<id>.ipynb by zerocourse.loader) or YOUR notebook (--impl):
+The implementations are YOURS: the notebook given with --impl, else your copy that `make lab`
+made, my-notebooks/<id>/<id>.ipynb (loaded by zerocourse.loader). Nothing falls back on the
+course's solutions (a learner's handout has none):
 
     stage 0  02_data_parallelism   dp_train_step, shard_batch, broadcast_parameters
     stage 1  03_zero1              ZeRO1Adam
@@ -47,19 +48,29 @@ STAGES = {
 REPO = Path(__file__).resolve().parent.parent
 
 
-def reference_notebook(stage: int) -> Path:
-    """solutions/<id>/<id>.ipynb: the course's reference implementation of a stage."""
+def your_notebook(stage: int) -> Path:
+    """my-notebooks/<id>/<id>.ipynb (the copy `make lab` made), from here or the course folder.
+
+    Raises:
+        FileNotFoundError: saying which notebook the stage needs and how to pass it.
+    """
     nb_id = STAGES[stage][0]
-    path = REPO / "solutions" / nb_id / f"{nb_id}.ipynb"
-    if not path.exists():
-        raise FileNotFoundError(f"no reference notebook for stage {stage} at {path}; "
-                                f"pass --impl path/to/your/{nb_id}.ipynb")
-    return path
+    for base in (Path.cwd(), REPO):
+        path = base / "my-notebooks" / nb_id / f"{nb_id}.ipynb"
+        if path.exists():
+            return path
+    raise FileNotFoundError(f"stage {stage} needs your notebook {nb_id}: none at "
+                            f"my-notebooks/{nb_id}/{nb_id}.ipynb; pass --impl path/to/your/{nb_id}.ipynb")
 
 
 def load_impl(stage: int, impl: str | None):
-    """The module holding the stage's names, from --impl or from solutions/."""
-    path = Path(impl) if impl else reference_notebook(stage)
+    """The module holding the stage's names, from --impl or from your my-notebooks/ copy.
+
+    Args:
+        stage: 0-3.
+        impl: a notebook path, or None for my-notebooks/<id>/<id>.ipynb.
+    """
+    path = Path(impl) if impl else your_notebook(stage)
     return load_notebook(str(path), names=STAGES[stage][1]), path
 
 
@@ -69,7 +80,7 @@ def parse_args(argv=None):
     p.add_argument("--stage", type=int, choices=sorted(STAGES), default=3)
     p.add_argument("--impl", default=None,
                    help="a notebook (.ipynb) or .py file defining the stage's names "
-                        "(default: the reference solution)")
+                        "(default: your my-notebooks/<id>/<id>.ipynb)")
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--batch-size", type=int, default=32, help="GLOBAL batch (divisible by N)")
     p.add_argument("--block-size", type=int, default=64)
