@@ -521,7 +521,8 @@ def _print(results: dict) -> None:
         print(f"{'notebook':<24} " + " ".join(f"{j.replace('_s', ' s'):>10}" for j in jobs))
         for aid, r in c["notebooks"].items():
             print(f"{aid:<24} " + " ".join(f"{r.get(j, float('nan')):>10.1f}" for j in jobs))
-    print(f"{'ranks':>5} {'zerocourse.launch':>18} {'torchrun':>10} {'ratio':>7}")
+    if "launcher" in results:
+        print(f"{'ranks':>5} {'zerocourse.launch':>18} {'torchrun':>10} {'ratio':>7}")
     for n, r in results.get("launcher", {}).items():
         print(f"{n:>5} {r['zerocourse_s']:>17.3f}s {r['torchrun_s']:>9.2f}s {r['ratio']:>7.3f}")
     if "first_launch" in results:
@@ -541,9 +542,10 @@ def _print(results: dict) -> None:
                   f"{r['first_launch_s']:>7.2f} {len(r['leftover']):>8}")
             for line in r["failure_lines"]:
                 print(f"   {line}")
-    print(f"\nstages (TinyGPT, {results.get('params')} params; times fp32, bytes bf16 + fp32 Adam)")
-    print(f"{'N':>2} {'stage':>5} {'torch equivalent':>24} {'ours ms':>8} {'torch ms':>9} {'ratio':>6} "
-          f"{'held kB':>8} {'formula':>8} {'sent kB':>8} {'formula':>8}")
+    if "stages" in results:
+        print(f"\nstages (TinyGPT, {results.get('params')} params; times fp32, bytes bf16 + fp32 Adam)")
+        print(f"{'N':>2} {'stage':>5} {'torch equivalent':>24} {'ours ms':>8} {'torch ms':>9} {'ratio':>6} "
+              f"{'held kB':>8} {'formula':>8} {'sent kB':>8} {'formula':>8}")
     for n, stages in results.get("stages", {}).items():
         for st, r in stages.items():
             print(f"{n:>2} {st:>5} {r['torch']:>24} {1e3 * r['ours_step_s']:>8.1f} "
