@@ -90,6 +90,43 @@ def test_a_socket_opened_inside_the_block_counts_from_zero():
     assert client.fileno() == -1                     # ours closed by us, not by the instrument
 
 
+def test_bytes_sent_before_the_block_do_not_count():
+    """A send returns once the kernel holds the bytes; on a busy machine they are acknowledged
+    later. Those bytes belong to the earlier operation, not to the block (seen: +128 KiB at N = 4
+    under load before the instrument waited for the send queue on entry)."""
+    if not LINUX:
+        pytest.skip("socket byte counters need Linux's TCP_INFO")
+    import threading
+    import time
+    server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)   # the peer's window: tiny
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    client = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    client.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 20)  # room to queue the send
+    client.connect(server.getsockname())
+    peer, _ = server.accept()
+    data = b"z" * 150_000
+    client.sendall(data)                             # returns with most bytes queued, unacknowledged
+
+    def drain():
+        time.sleep(0.3)                              # acknowledged only after the block starts
+        got = 0
+        while got < len(data):
+            got += len(peer.recv(1 << 20))
+    reader = threading.Thread(target=drain)
+    reader.start()
+    try:
+        with wire.SocketBytes() as w:
+            pass
+        reader.join()
+        assert w.sent == 0, w.summary()
+    finally:
+        reader.join()
+        for s in (client, peer, server):
+            s.close()
+
+
 def test_the_instrument_never_closes_the_sockets_it_reads():
     if not LINUX:
         pytest.skip("socket byte counters need Linux's TCP_INFO")

@@ -30,7 +30,7 @@ import time
 # tcpi_unacked @24 (segments sent, not yet acknowledged); pacing_rate @104,
 # max_pacing_rate @112, bytes_acked @120, bytes_received @128.
 _UNACKED_AT, _ACKED_AT, _RECEIVED_AT, _NEEDED = 24, 120, 128, 136
-_SETTLE_S = 0.2                                       # longest wait for in-flight ACKs
+_SETTLE_S = 2.0                                       # longest wait for in-flight ACKs (a busy machine)
 _TCP_INFO = getattr(socket, "TCP_INFO", 11)          # 11 on Linux; absent on some platforms
 
 
@@ -79,7 +79,8 @@ def _tcp_dup(fd: int) -> socket.socket | None:
 
 
 def _counters(s: socket.socket) -> tuple[int, int, int]:
-    """(bytes_acked, bytes_received, unacked segments) of TCP socket `s`."""
+    """(bytes_acked, bytes_received, what is still in flight) of TCP socket `s`: the last is
+    unacknowledged segments plus queued bytes, 0 when everything sent has been acknowledged."""
     raw = s.getsockopt(socket.IPPROTO_TCP, _TCP_INFO, 256)
     if len(raw) < _NEEDED:
         raise WireUnavailable(f"this kernel's TCP_INFO has no bytes_acked ({len(raw)} bytes < "
@@ -87,7 +88,19 @@ def _counters(s: socket.socket) -> tuple[int, int, int]:
     acked, = struct.unpack_from("Q", raw, _ACKED_AT)
     received, = struct.unpack_from("Q", raw, _RECEIVED_AT)
     unacked, = struct.unpack_from("I", raw, _UNACKED_AT)
-    return acked, received, unacked
+    return acked, received, unacked + _send_queue(s)
+
+
+def _send_queue(s: socket.socket) -> int:
+    """Bytes still in the socket's send queue, sent or not (Linux SIOCOUTQ); 0 if unknown.
+    A send returns once the kernel holds the bytes: they may not even be on the wire yet."""
+    try:
+        import fcntl
+        import termios
+        buf = fcntl.ioctl(s.fileno(), termios.TIOCOUTQ, b"\0\0\0\0")
+        return struct.unpack("i", buf)[0]
+    except (ImportError, OSError):
+        return 0
 
 
 class SocketBytes:
@@ -95,7 +108,7 @@ class SocketBytes:
 
     On entry it dups every TCP socket the process has and reads its counters; on exit it adds
     the sockets opened meanwhile (their counters start at 0, so gloo's lazily opened connections
-    count), waits up to 0.2 s for in-flight segments to be acknowledged, and subtracts. Holding
+    count), waits (up to 2 s, on entry too) for in-flight segments to be acknowledged, and subtracts. Holding
     the dups through the block keeps a socket readable even if gloo closes it (a peer that
     finished and tore down); a socket both opened and closed inside the block is missed, and
     a connection opened inside it adds 1 byte (Linux counts the SYN as acknowledged data).
@@ -123,20 +136,26 @@ class SocketBytes:
                 if s is not None:
                     self._held[inode] = s
 
+    def _settled(self) -> dict[int, tuple[int, int, int]]:
+        """Counters once no segment awaits its ACK (or after _SETTLE_S): a send returns when
+        the kernel has the bytes, and their ACK may come much later on a busy machine."""
+        deadline = time.monotonic() + _SETTLE_S
+        while True:
+            now = {inode: _counters(s) for inode, s in self._held.items()}
+            if not any(c[2] for c in now.values()) or time.monotonic() >= deadline:
+                return now
+            time.sleep(0.001)                             # a segment still awaits its ACK
+
     def __enter__(self) -> "SocketBytes":
         self._hold_new()
-        self._before = {inode: _counters(s)[:2] for inode, s in self._held.items()}
+        # Settle first: the tail of an earlier send, acknowledged only now, is not this block's.
+        self._before = {inode: c[:2] for inode, c in self._settled().items()}
         return self
 
     def __exit__(self, *exc) -> None:
         try:
             self._hold_new()
-            deadline = time.monotonic() + _SETTLE_S
-            while True:
-                now = {inode: _counters(s) for inode, s in self._held.items()}
-                if not any(c[2] for c in now.values()) or time.monotonic() >= deadline:
-                    break
-                time.sleep(0.001)                         # a segment still awaits its ACK
+            now = self._settled()
         finally:
             for s in self._held.values():
                 s.close()                                 # our dups only
