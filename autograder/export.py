@@ -6,7 +6,8 @@ Reads OUT/grades.csv (written by `make grade`, refreshed by `make feedback`) and
     OUT/export/grades_by_learner.csv   student_id, one score column per assignment, total, max_total
     OUT/export/feedback/<student>.zip   that learner's feedback pages, <assignment>.html each
 A learner with no row for an assignment gets an empty cell there (not a zero: nothing was
-submitted, which an LMS may treat differently); max_total counts every assignment of the course.
+submitted, which an LMS may treat differently); max_total adds the maximum of every
+assignment graded in OUT (an assignment nobody submitted has no known maximum there).
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import sys
 import zipfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from autograder.nbgrader_run import assignments  # noqa: E402
 
 
 def read_grades(out: str) -> list[dict]:
@@ -31,13 +33,13 @@ def export(out: str, course: list[str] | None = None) -> tuple[str, list[str]]:
 
     Args:
         out: the folder `make grade` wrote.
-        course: assignment ids that make the columns (default: those in grades.csv, plus the
-            course's own where solutions/ or notebooks/ lists them).
+        course: assignment ids that make the columns (default: the course's, plus any other
+            in grades.csv).
     """
     out = os.path.abspath(out)
     rows = read_grades(out)
     if course is None:
-        course = sorted({r["assignment_id"] for r in rows if r["assignment_id"]} | set(_course_ids()))
+        course = sorted({r["assignment_id"] for r in rows if r["assignment_id"]} | set(assignments()))
     max_by_aid = {r["assignment_id"]: float(r["max_score"]) for r in rows if r["max_score"]}
     learners = sorted({r["student_id"] for r in rows})
     score = {(r["student_id"], r["assignment_id"]): float(r["score"] or 0) for r in rows}
@@ -65,16 +67,6 @@ def export(out: str, course: list[str] | None = None) -> tuple[str, list[str]]:
         os.replace(path + ".tmp", path)
         zips.append(path)
     return table, zips
-
-
-def _course_ids() -> list[str]:
-    """The course's assignment ids, from solutions/ (instructor checkout) or notebooks/."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    for sub in ("solutions", "notebooks"):
-        src = os.path.join(root, sub)
-        if os.path.isdir(src):
-            return sorted(d for d in os.listdir(src) if os.path.isfile(os.path.join(src, d, f"{d}.ipynb")))
-    return []
 
 
 def main() -> int:

@@ -40,7 +40,7 @@ def leaks(folder: str) -> list[str]:
                     text = f.read()
             except OSError:
                 continue
-            if any(m in text for m in MARKERS) and not path.endswith(os.path.join("autograder", "handout.py")):
+            if any(m in text for m in MARKERS):
                 found.append(os.path.relpath(path, folder))
     return found
 

@@ -400,6 +400,15 @@ def _manual_points(aid: str) -> float:
     return float(sum(m.get("points", 0) for m in meta if m.get("grade") and m.get("solution")))
 
 
+def _grade(subs: str, graded: str, sandboxed: bool, *args: str) -> None:
+    """Run autograder/grade.py on `subs` into `graded` (sandboxed when bubblewrap is there)."""
+    cmd = [sys.executable, os.path.join(_course_root(), "autograder", "grade.py"), subs, graded,
+           *args] + ([] if sandboxed else ["--no-sandbox"])
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=7200)
+    if proc.returncode != 0:
+        raise RuntimeError(f"grade.py {' '.join(args)} failed:\n{proc.stderr[-3000:]}")
+
+
 def bench_autograde(blank: bool = False) -> tuple[dict, bool]:
     """Seconds `make grade` spends per submission, per notebook: the reference solution
     submitted (full auto-graded marks expected) and, with `blank`, the release copy (stubs).
@@ -418,12 +427,7 @@ def bench_autograde(blank: bool = False) -> tuple[dict, bool]:
                 os.makedirs(os.path.join(subs, student, aid))
                 _shutil.copy(os.path.join(root, kind, aid, f"{aid}.ipynb"),
                              os.path.join(subs, student, aid, f"{aid}.ipynb"))
-        cmd = [sys.executable, os.path.join(root, "autograder", "grade.py"), subs, graded]
-        if not sandboxed:
-            cmd.append("--no-sandbox")
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
-        if proc.returncode != 0:
-            raise RuntimeError(f"grade.py failed:\n{proc.stderr[-3000:]}")
+        _grade(subs, graded, sandboxed)
         with open(os.path.join(graded, "grades.csv")) as f:
             rows = list(csv.DictReader(f))
     out = {}
@@ -457,13 +461,9 @@ def bench_class(size: int = 20, jobs: tuple[int, ...] = (1, 2), aids: list[str] 
                              os.path.join(subs, f"learner{k:02d}", aid, f"{aid}.ipynb"))
             for j in jobs:
                 graded = os.path.join(tmp, f"graded-{j}")
-                cmd = [sys.executable, os.path.join(root, "autograder", "grade.py"), subs, graded,
-                       "--jobs", str(j)] + ([] if sandboxed else ["--no-sandbox"])
                 t0 = time.monotonic()
-                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=7200)
+                _grade(subs, graded, sandboxed, "--jobs", str(j))
                 took = time.monotonic() - t0
-                if proc.returncode != 0:
-                    raise RuntimeError(f"grade.py --jobs {j} failed:\n{proc.stderr[-3000:]}")
                 out.setdefault(aid, {})[f"jobs{j}_s"] = round(took, 1)
     return {"size": size, "sandboxed": sandboxed, "notebooks": out}
 
