@@ -646,6 +646,11 @@ def _print(results: dict) -> None:
                   f"{1e3 * r['torch_step_s']:>9.1f} {r['ratio']:>6.2f} {r['bytes_per_rank'] / 1e3:>8.1f} "
                   f"{r['bytes_formula'] / 1e3:>8.1f} {r['sent_per_rank'] / 1e3:>8.1f} "
                   f"{r['sent_formula'] / 1e3:>8.1f}")
+    if "overlap" in results:
+        print("\noverlap (07_overlap's reference vs torch; fp32 median step, ours and torch's alternating)")
+        print(f"{'N':>2} {'name':>24} {'ours ms':>8} {'torch ms':>9} {'ratio':>6}")
+        for r in results["overlap"]:
+            print(f"{r['N']:>2} {r['name']:>24} {r['ours_ms']:>8.1f} {r['torch_ms']:>9.1f} {r['ratio']:>6.2f}")
     if "notebooks" in results or "autograde" in results:
         sandbox = "sandboxed" if results.get("autograde_sandboxed") else "not sandboxed"
         print(f"\nnotebooks: solutions run top to bottom (headless), and `make grade` per "
