@@ -38,7 +38,7 @@ def course(tmp_path_factory):
     root = tmp_path_factory.mktemp("my-notebooks")
     for aid in ("00_setup", "01_bytes_per_parameter"):
         shutil.copytree(os.path.join(ROOT, "notebooks", aid), root / aid)
-    for aid in ("01_bytes_per_parameter", "05_zero3"):
+    for aid in ("01_bytes_per_parameter", "05_zero3", "07_overlap", "08_accumulation_and_activations"):
         (root / f"{aid}-done").mkdir()
         with open(root / f"{aid}-done" / f"{aid}.ipynb", "w") as f:
             json.dump(solution_as_submission(aid), f)
@@ -187,6 +187,46 @@ def test_jupyterlab_zero3_timeline(browser, lab):
     imgs = node.find_elements("css selector", ".jp-OutputArea-output img")
     assert imgs, "the timeline figure did not render"
     _shot(browser, "zero3_timeline.png", imgs[0])
+
+
+def _run_up_to(page, aid, snippet):
+    """Run the finished notebook's code cells up to the one containing `snippet` (its demos and
+    definitions, not the graded tests); returns the cells and that cell's index."""
+    nb = load("notebooks", aid)
+    target = page.index_of(snippet)
+    needed = [i for i, c in enumerate(nb["cells"][:target + 1])
+              if c["cell_type"] == "code" and not c["metadata"].get("nbgrader", {}).get("grade")]
+    page.run_cells(needed, timeout=300)
+    cells = page.cells()
+    assert _errors(cells) == []
+    return cells, target
+
+
+def _figure(browser, page, target, shot):
+    node = page.cell_node(target)
+    imgs = node.find_elements("css selector", ".jp-OutputArea-output img")
+    assert imgs, f"the figure of cell {target} did not render"
+    _shot(browser, shot, imgs[0])
+
+
+def test_jupyterlab_overlap_timeline(browser, lab):
+    """The finished 07: the measured timelines (all-reduce after backward vs buckets during
+    backward) render, from the learner's OverlappedDP."""
+    page = browser.open(lab, "07_overlap-done/07_overlap.ipynb")
+    cells, target = _run_up_to(page, "07_overlap", "all-reduce after backward vs buckets during backward")
+    text = _text(cells[target])
+    assert "not ready" not in text and "overlapped:" in text, text
+    _figure(browser, page, target, "overlap_timeline.png")
+
+
+def test_jupyterlab_checkpointing_bars(browser, lab):
+    """The finished 08: the two bars of checkpointing on ZeRO-3 (bytes kept for backward down,
+    all-gathers up) render; without a sibling 05 the demo says it used torch FSDP2."""
+    page = browser.open(lab, "08_accumulation_and_activations-done/08_accumulation_and_activations.ipynb")
+    cells, target = _run_up_to(page, "08_accumulation_and_activations", "kB kept for backward after forward")
+    text = _text(cells[target])
+    assert "ZeRO-3 used:" in text and "with checkpointing" in text, text
+    _figure(browser, page, target, "checkpointing_bars.png")
 
 
 def test_notebook7(browser, course):
