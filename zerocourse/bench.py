@@ -274,6 +274,16 @@ TORCH_EQUIVALENT = {0: "DistributedDataParallel", 1: "ZeroRedundancyOptimizer",
                     2: "FSDP SHARD_GRAD_OP", 3: "FSDP2 fully_shard"}
 
 
+def _fsdp2(model, world_size):
+    """FSDP2 `fully_shard` on each TinyGPT block and on the root, over a CPU mesh of all ranks."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    mesh = init_device_mesh("cpu", (world_size,))
+    for block in model.h:
+        fully_shard(block, mesh=mesh)
+    return fully_shard(model, mesh=mesh)
+
+
 def _setup(rank, world_size, stage, nb, dtype, ours: bool):
     """Model, a step function and the objects holding model state, for one stage."""
     from zerocourse.models import GPTConfig, TinyGPT, lm_loss, make_toy_batch
@@ -308,12 +318,7 @@ def _setup(rank, world_size, stage, nb, dtype, ours: bool):
                                              device_id=torch.device("cpu"))
             opt = torch.optim.Adam(model.parameters(), lr=1e-3)
         else:
-            from torch.distributed.device_mesh import init_device_mesh
-            from torch.distributed.fsdp import fully_shard
-            mesh = init_device_mesh("cpu", (world_size,))
-            for block in model.h:
-                fully_shard(block, mesh=mesh)
-            fully_shard(model, mesh=mesh)
+            model = _fsdp2(model, world_size)
             opt = torch.optim.Adam(model.parameters(), lr=1e-3)
 
     def step():
@@ -403,12 +408,7 @@ def _overlap_job(rank, world_size, name, nb, z3nb, steps, bucket_bytes):
             model = nb.ZeRO3PrefetchModule(model, prefetch=1)
             opt = z3nb.ZeRO3Adam(model, lr=1e-3)
         else:
-            from torch.distributed.device_mesh import init_device_mesh
-            from torch.distributed.fsdp import fully_shard
-            mesh = init_device_mesh("cpu", (world_size,))
-            for block in model.h:
-                fully_shard(block, mesh=mesh)
-            fully_shard(model, mesh=mesh)
+            model = _fsdp2(model, world_size)
             opt = torch.optim.Adam(model.parameters(), lr=1e-3)
 
         def step():
