@@ -10,7 +10,8 @@ Not a timed test: it measures and reports, in one run (`--only launcher,stages,.
    ranks): DP vs DistributedDataParallel, ZeRO-1 vs ZeroRedundancyOptimizer, ZeRO-2 vs FSDP
    SHARD_GRAD_OP, ZeRO-3 vs FSDP2 fully_shard. Step times are fp32 (torch's wrappers all
    run it); bytes held and sent are measured on our implementations in bf16 + fp32-master
-   Adam, the setting of the paper's formulas;
+   Adam, the setting of the paper's formulas; `--only overlap`: 07_overlap's bucketed,
+   overlapped DP vs DistributedDataParallel and its prefetching ZeRO-3 vs FSDP2 (bench_overlap);
 3. every notebook: its solution run top to bottom headless, and the autograde time of the
    solution submitted through autograder/grade.py (with --blank, of the release copy too).
 
@@ -28,6 +29,10 @@ results.json schema:
                                                    # steps (grads freed), and the formula for it
          "sent_per_rank", "sent_formula"}}},       # ring bytes rank 0 sends per step, formula
      "params": int,                                # Ψ of the benchmark model
+     "overlap": [{"N", "name", "ours_ms", "torch_ms", "ratio"}],  # 07_overlap's reference vs torch:
+                                                   # name "bucketed_dp_vs_ddp" (OverlappedDP vs DDP)
+                                                   # or "zero3_prefetch_vs_fsdp2" (ZeRO3PrefetchModule
+                                                   # vs FSDP2); fp32 median step ms, ratio = ours/torch
      "notebooks": {"<assignment>": {"execute_s"}}, # solution run top to bottom, headless
      "notebooks_total_s": float,
      "autograde": {"<assignment>": {               # autograder/grade.py, one row per submission
@@ -367,6 +372,80 @@ def bench_stages(world_sizes=(2, 4), steps: int = 5) -> tuple[dict, int]:
     return out, psi
 
 
+OVERLAP_NOTEBOOK = ("07_overlap", ["OverlappedDP", "ZeRO3PrefetchModule"])
+OVERLAP_ROWS = {"bucketed_dp_vs_ddp": "DistributedDataParallel (default bucket_cap_mb)",
+                "zero3_prefetch_vs_fsdp2": "FSDP2 fully_shard per block + root"}
+
+
+def _overlap_job(rank, world_size, name, nb, z3nb, steps, bucket_bytes):
+    """Median fp32 step times (s) of ours and torch's for one row, on the bench_stages TinyGPT."""
+    from zerocourse.models import GPTConfig, TinyGPT, lm_loss, make_toy_batch
+    x, y = make_toy_batch(16, 64, 64, seed=1)
+    k = len(x) // world_size
+    xs, ys = x[rank * k:(rank + 1) * k], y[rank * k:(rank + 1) * k]
+    out = {}
+    for ours in (True, False):
+        torch.manual_seed(0)
+        model = TinyGPT(GPTConfig(vocab_size=64, block_size=64, n_layer=2, n_head=4, n_embd=64, bias=False))
+        finish = None
+        if name == "bucketed_dp_vs_ddp":
+            if ours:
+                model = nb.OverlappedDP(model, bucket_bytes=bucket_bytes)
+                finish = model.finish_gradient_sync
+            else:
+                model = torch.nn.parallel.DistributedDataParallel(model)
+            opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+        elif ours:
+            model = nb.ZeRO3PrefetchModule(model, prefetch=1)
+            opt = z3nb.ZeRO3Adam(model, lr=1e-3)
+        else:
+            from torch.distributed.device_mesh import init_device_mesh
+            from torch.distributed.fsdp import fully_shard
+            mesh = init_device_mesh("cpu", (world_size,))
+            for block in model.h:
+                fully_shard(block, mesh=mesh)
+            fully_shard(model, mesh=mesh)
+            opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+        times = []
+        for i in range(steps + 3):                      # 3 warm-up steps
+            torch.distributed.barrier()
+            t0 = time.perf_counter()
+            lm_loss(model(xs), ys).backward()
+            if finish is not None:
+                finish()
+            opt.step()
+            opt.zero_grad()
+            if i >= 3:
+                times.append(time.perf_counter() - t0)
+        out["ours_ms" if ours else "torch_ms"] = 1e3 * statistics.median(times)
+    return out
+
+
+def bench_overlap(world_sizes=(2, 4), steps: int = 20, bucket_bytes: int = 2 ** 18) -> list[dict]:
+    """07_overlap's reference (loaded from solutions/) vs torch's, fp32, on bench_stages' TinyGPT.
+
+    Rows {"N", "name", "ours_ms", "torch_ms", "ratio"}: "bucketed_dp_vs_ddp" (OverlappedDP +
+    torch.optim.Adam vs DistributedDataParallel with its default bucket_cap_mb) and
+    "zero3_prefetch_vs_fsdp2" (ZeRO3PrefetchModule + 05's ZeRO3Adam vs FSDP2 fully_shard per
+    block and root + torch.optim.Adam); median step time of `steps` steps after 3 warm-up steps;
+    ratio = ours / torch.
+    """
+    from zerocourse.loader import load_notebook
+    root = _course_root()
+    aid, names = OVERLAP_NOTEBOOK
+    nb = load_notebook(os.path.join(root, "solutions", aid, f"{aid}.ipynb"), names=names)
+    z3nb = load_notebook(os.path.join(root, "solutions", "05_zero3", "05_zero3.ipynb"), names=["ZeRO3Adam"])
+    rows = []
+    for n in world_sizes:
+        for name in OVERLAP_ROWS:
+            r = launch(_overlap_job, n, name, nb, z3nb, steps, bucket_bytes, timeout=600)[0]
+            rows.append({"N": n, "name": name, "ours_ms": round(r["ours_ms"], 3),
+                         "torch_ms": round(r["torch_ms"], 3), "ratio": round(r["ours_ms"] / r["torch_ms"], 3)})
+            print(f"  N={n} {name}: ours {r['ours_ms']:.2f} ms, torch {r['torch_ms']:.2f} ms, "
+                  f"ratio {r['ours_ms'] / r['torch_ms']:.2f}", flush=True)
+    return rows
+
+
 def _course_root() -> str:
     return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -472,7 +551,7 @@ def main(argv=None) -> int:
     import argparse
     parser = argparse.ArgumentParser(description="Course benchmarks: figures printed and written "
                                                  "to bench/results.json (not a test).")
-    parser.add_argument("--only", default="launcher,stress,stages,notebooks,autograde",
+    parser.add_argument("--only", default="launcher,stress,stages,overlap,notebooks,autograde",
                         help="comma-separated parts to run (default: all)")
     parser.add_argument("--blank", action="store_true",
                         help="also autograde each notebook's blank release copy (+3 min)")
@@ -496,6 +575,8 @@ def main(argv=None) -> int:
                              for k, rounds in ((1, 20), (4, 8), (8, 4))}
     if "stages" in parts:
         results["stages"], results["params"] = bench_stages()
+    if "overlap" in parts:
+        results["overlap"] = bench_overlap()
     if "notebooks" in parts:
         results["notebooks"] = bench_notebooks()
         results["notebooks_total_s"] = round(sum(r["execute_s"] for r in results["notebooks"].values()), 2)
