@@ -54,6 +54,10 @@ BUGS = {
         [(DP, "        self._ready[self.bucket_of[p]] += 1\n", "        return\n")], [B_CHECK], [B_CHECK]),
     "B: blocking all-reduce inside the hook (no async_op)": (
         [(DP, ASYNC, "work = dist.all_reduce(flat, async_op=True)\n        work.wait()")], [B_CHECK], [B_CHECK]),
+    "B: bucket order differs across ranks (sizes mismatch in the all-reduces)": (
+        [(DP, "params = [p for p in module.parameters() if p.requires_grad][::-1]",
+          "params = [p for p in module.parameters() if p.requires_grad][::-1]\n"
+          "        if dist.get_rank() % 2:\n            params = params[::-1]")], [B_CHECK], [B_CHECK]),
     "B: frozen parameters bucketed and hooked (crashes on requires_grad=False)": (
         [(DP, "params = [p for p in module.parameters() if p.requires_grad][::-1]",
           "params = list(module.parameters())[::-1]")], [B_HIDDEN], [B_HIDDEN]),
