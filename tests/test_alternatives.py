@@ -61,7 +61,8 @@ def test_every_notebook_has_three_alternatives():
     counts: dict[str, int] = {}
     for param in _fixtures():
         counts[param.values[0]] = counts.get(param.values[0], 0) + 1
-    for aid in ("02_data_parallelism", "03_zero1", "04_zero2", "05_zero3", "06_communication_bill"):
+    for aid in ("02_data_parallelism", "03_zero1", "04_zero2", "05_zero3", "06_communication_bill",
+                "07_overlap", "08_accumulation_and_activations"):
         assert counts.get(aid, 0) >= 3, (aid, counts)
 
 
