@@ -22,7 +22,7 @@ pytestmark = pytest.mark.timeout(2400)
 AIDS = assignments()
 # Stubs fail every graded cell of every notebook in-process (tests/harness.assert_stubs_fail);
 # end to end, the notebooks whose tests reach learner names in the most ways.
-BLANK = ["01_bytes_per_parameter", "05_zero3", "09_capstone"]
+BLANK = ["01_bytes_per_parameter", "05_zero3", "10_capstone"]
 # Valid alternatives that print to stderr, warn, or call deprecated collective names from their
 # ranks (one per notebook that launches ranks): under nbgrader's own rule they lost most points.
 NOISY = ["02_data_parallelism/async_per_param_noisy", "03_zero1/per_param_shards_async_noisy",

@@ -74,7 +74,7 @@ def test_solution_runs_top_to_bottom(aid):
     n = len(nb.cells)
     nb.cells.insert(0, nbformat.v4.new_code_cell(figure_audit.AUDIT_CELL))
     nb.cells.append(nbformat.v4.new_code_cell(figure_audit.REPORT_CELL))
-    if aid == "09_capstone":
+    if aid == "10_capstone":
         nb.cells.append(nbformat.v4.new_code_cell(_LIVE_CELL))
     t0 = time.monotonic()
     NotebookClient(nb, timeout=150, kernel_name="python3",
@@ -87,7 +87,7 @@ def test_solution_runs_top_to_bottom(aid):
     report = figure_audit.parse("".join(o.get("text", "") for o in nb.cells[n + 1].outputs))
     assert report, f"{aid} drew no figure"
     assert figure_audit.problems(report) == []
-    if aid == "09_capstone":
+    if aid == "10_capstone":
         # Both runs drew live (more redraws than series) and reported every step.
         text = "".join(o.get("text", "") for o in nb.cells[-1].outputs)
         counts, draws = text.split("LIVE=")[1].rsplit(" ", 1)

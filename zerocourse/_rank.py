@@ -55,6 +55,7 @@ def _disable_dynamo_lazily(fn=None, recursive: bool = True):
 
 _disable_dynamo, torch._disable_dynamo = torch._disable_dynamo, _disable_dynamo_lazily
 import zerocourse.comm  # noqa: E402,F401 - after the patch: its tracer is a TorchDispatchMode
+from zerocourse.devices import check_collective_devices, enter_rank, to_cpu  # noqa: E402
 
 # Message kinds (first byte of each message) and their payloads:
 KINDS = {
@@ -185,6 +186,7 @@ def _watch_collectives(chan: _Channel) -> None:
             counter[0] += 1
             _IN_CALL = f"{name}({_describe_args(args)}) [call #{counter[0]}]"
             chan.send(("enter", _IN_CALL))
+            check_collective_devices(name, args, kwargs)
             out = fn(*args, **kwargs)
             _IN_CALL = ""                   # left normally (an exception keeps it set)
             return out
@@ -262,6 +264,7 @@ def _error_info(exc: BaseException, cell_names: dict[str, str], trusted: bool) -
 def _encode_result(result, rank: int, trusted: bool) -> bytes:
     """The return value as bytes: torch.save for a trusted launcher (it loads with
     weights_only=True), cloudpickle otherwise (any picklable object)."""
+    result = to_cpu(result)            # results come back on the CPU, from a GPU rank too
     try:
         if trusted:
             buf = io.BytesIO()
@@ -287,7 +290,7 @@ def _join(spec: dict, rank: int) -> None:
     world_size, timeout = spec["world_size"], datetime.timedelta(seconds=spec["coll_timeout"])
     device = None
     if spec["backend"] == "nccl":
-        torch.cuda.set_device(rank)
+        torch.cuda.set_device(rank)    # one machine: the local rank is the rank
         device = torch.device("cuda", rank)
     store = dist.FileStore(spec["store"], world_size)
     store.set_timeout(timeout)
@@ -334,6 +337,8 @@ def rank_main(spec: dict, rank: int, conn) -> None:
             raise RuntimeError("Gloo connectFullMesh failed with [simulated by a test]")
         _join(spec, rank)
         _watch_collectives(chan)
+        enter_rank(torch.device("cuda", rank) if spec["backend"] == "nccl" else torch.device("cpu"),
+                   proxy=spec.get("device_proxy", False))
         joining = False
         fn, args, kwargs = cloudpickle.loads(spec["payload"])
         result = fn(rank, world_size, *args, **kwargs)

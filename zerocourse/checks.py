@@ -50,8 +50,22 @@ def plain(value):
 
 
 def passed(message: str) -> None:
-    """Print a green tick line (self-check cells end with one per check)."""
+    """Print a green tick line (self-check cells end with one per check).
+
+    A ✅ predicts the cell's points: print it only after checks that decide them. A visible
+    check that can only see the format prints format_only(...) instead."""
     print(f"✅ {message}")
+
+
+# The mark of a visible check that decides nothing (make check: "not checked here").
+FORMAT_ONLY = "☑"
+
+
+def format_only(message: str) -> None:
+    """Print the line of a visible check that can only check the format (a quiz answer whose
+    correctness only the hidden tests know): `make check` lists that cell's points as
+    "not checked here", never as a predicted grade."""
+    print(f"{FORMAT_ONLY} {message}: format only: correctness is in the hidden tests")
 
 
 def _fail(what: str, detail: str, rank: int | None, hint: str) -> None:

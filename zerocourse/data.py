@@ -195,12 +195,13 @@ def load_dataset(split="train"):
     if split not in ("train", "val"):
         raise ValueError(f'split must be "train" or "val", got {split!r}')
     text = load_corpus()
-    data = torch.tensor(CharTokenizer(text).encode(text), dtype=torch.long)  # (N,)
+    # The dataset stays on the host (as a data loader's does); get_batch moves batches.
+    data = torch.tensor(CharTokenizer(text).encode(text), dtype=torch.long, device="cpu")  # (N,)
     n = int(TRAIN_FRACTION * len(data))
     return data[:n].clone() if split == "train" else data[n:].clone()
 
 
-def get_batch(data, batch_size, block_size, generator=None):
+def get_batch(data, batch_size, block_size, generator=None, device=None):
     """Random windows of the data, and the same windows shifted by one token as targets.
 
     Args:
@@ -208,16 +209,19 @@ def get_batch(data, batch_size, block_size, generator=None):
         batch_size: number of windows B.
         block_size: window length.
         generator: optional torch.Generator; the same generator state gives the same batch.
+        device: where the batch goes (default: where a tensor created without a device lands).
 
     Returns:
         (x, y): two (B, block_size) int64 tensors, y[b, t] = data[start_b + t + 1].
     """
     if len(data) <= block_size:
         raise ValueError(f"data has {len(data)} tokens, need more than block_size={block_size}")
-    ix = torch.randint(len(data) - block_size, (batch_size,), generator=generator)  # (B,)
+    target = torch.device(device) if device is not None else torch.empty(0).device
+    ix = torch.randint(len(data) - block_size, (batch_size,), generator=generator,
+                       device="cpu")                                               # (B,)
     x = torch.stack([data[i:i + block_size] for i in ix.tolist()])                 # (B, block)
     y = torch.stack([data[i + 1:i + 1 + block_size] for i in ix.tolist()])         # (B, block)
-    return x, y
+    return x.to(target), y.to(target)
 
 
 if __name__ == "__main__":

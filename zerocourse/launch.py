@@ -257,18 +257,32 @@ def _check_args(fn, world_size, backend, timeout) -> None:
         raise ValueError(f"launch: timeout must be a positive number of seconds, got {timeout!r}")
 
 
+# True once `make test-gpu` has passed on a machine with one GPU per rank (the README says when
+# and with which figures). Until then "auto" stays on gloo, and says so where GPUs are present.
+NCCL_VERIFIED = False
+_BACKEND_NOTE_SHOWN = False
+
+
 def pick_backend(backend: str, world_size: int) -> str:
-    """'auto' -> NCCL when there is one GPU per rank, else gloo (CPU)."""
-    if backend != "auto":
-        if backend == "nccl":
-            import torch
-            if not torch.cuda.is_available() or torch.cuda.device_count() < world_size:
-                raise ValueError(f"launch: backend='nccl' needs one GPU per rank "
-                                 f"({world_size}), found {torch.cuda.device_count()}; use 'gloo'")
-        return backend
+    """'auto' -> NCCL when there is one GPU per rank and the NCCL path is verified, else gloo."""
     import torch
-    if torch.cuda.is_available() and torch.cuda.device_count() >= world_size:
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if backend == "nccl":
+        if gpus < world_size:
+            raise ValueError(f"launch: backend='nccl' needs one GPU per rank "
+                             f"({world_size}), found {gpus}; use 'gloo'")
+        return backend
+    if backend == "gloo":
+        return backend
+    if gpus >= world_size and NCCL_VERIFIED:
         return "nccl"
+    global _BACKEND_NOTE_SHOWN
+    if gpus and not _BACKEND_NOTE_SHOWN:
+        _BACKEND_NOTE_SHOWN = True
+        why = (f"{gpus} GPU(s) for {world_size} ranks" if gpus < world_size else
+               "the course's NCCL path is checked by a CPU proxy but has not passed `make test-gpu` "
+               "on a GPU yet; launch(fn, N, backend='nccl') uses one GPU per rank")
+        print(f"[launch] backend gloo (CPU ranks): {why}", file=sys.stderr)
     return "gloo"
 
 
@@ -690,7 +704,9 @@ def launch(fn, world_size: int, *args, backend: str = "auto", timeout: float | N
         fn: a function (it may be defined in the notebook) taking (rank, world_size, ...).
         world_size: number of ranks, >= 1.
         *args, **kwargs: passed to fn on every rank (by value: each rank gets its own copy).
-        backend: "auto" (NCCL if there is one GPU per rank, else gloo), "gloo" or "nccl".
+        backend: "auto" (gloo; NCCL with one GPU per rank once the NCCL path is verified,
+            see NCCL_VERIFIED), "gloo" or "nccl". Inside a rank, zerocourse.rank_device()
+            is the device to create tensors on; results come back on the CPU.
         timeout: seconds for the whole launch (default ZEROCOURSE_TIMEOUT or 60).
         collective_timeout: seconds a collective waits for its peers before failing
             (default ZEROCOURSE_COLLECTIVE_TIMEOUT or 20, capped at timeout / 2).
@@ -716,7 +732,8 @@ def launch(fn, world_size: int, *args, backend: str = "auto", timeout: float | N
     sources, cell_names = _cell_sources()
     spec = dict(payload=payload, world_size=world_size, backend=backend,
                 coll_timeout=coll_timeout, cwd=os.getcwd(), sys_path=list(sys.path),
-                sources=sources, cell_names=cell_names, trusted=trusted())
+                sources=sources, cell_names=cell_names, trusted=trusted(),
+                device_proxy=os.environ.get("ZEROCOURSE_DEVICE_PROXY", "") == "1")
     deadline = time.monotonic() + timeout
     for attempt in range(JOIN_ATTEMPTS):
         spec["fail_join"] = _FAIL_JOIN if attempt < _FAIL_JOIN_TIMES else ()

@@ -11,6 +11,12 @@ Both models follow one rule that ZeRO-3 relies on: every parameter is used only 
 of the module that owns it directly (self.wpe(pos), never self.wpe.weight in a parent), so forward
 hooks on modules see every use. Both are built in fp32 (deterministic under torch.manual_seed), have
 no buffers, and run in bf16 after model.to(torch.bfloat16).
+
+Devices (zerocourse.devices): `ToyModel(device=d)`, `TinyGPT(config, device=d)` and
+`make_toy_batch(..., device=d)` compute their values on the CPU and then move them to d, so the
+same seed gives the same model and batch on every device (a GPU's random generator differs from
+the CPU's). Without a device they land where a tensor created without one lands (the CPU,
+or 'meta' in a rank under the course's device check).
 """
 import math
 from dataclasses import dataclass
@@ -18,6 +24,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+
+def _target(device):
+    """`device`, or where a tensor created without a device lands here (see zerocourse.devices)."""
+    return torch.device(device) if device is not None else torch.empty(0).device
 
 
 # -----------------------------------------------------------------------------
@@ -53,10 +64,17 @@ class ToyModel(nn.Module):
         dim: embedding width.
         hidden: width of the MLP's hidden layer.
         unused: if True, add a trainable Parameter that forward never uses (its .grad stays None).
+        device: where the parameters live (values computed on the CPU, then moved; see above).
     """
 
-    def __init__(self, vocab_size=16, dim=16, hidden=23, unused=False):
+    def __init__(self, vocab_size=16, dim=16, hidden=23, unused=False, device=None):
         super().__init__()
+        target = _target(device)
+        with torch.device("cpu"):
+            self._build(vocab_size, dim, hidden, unused)
+        self.to(target)
+
+    def _build(self, vocab_size, dim, hidden, unused):
         self.vocab_size = vocab_size
         self.embed = nn.Embedding(vocab_size, dim)
         self.fc1 = nn.Linear(dim, hidden)
@@ -79,7 +97,7 @@ class ToyModel(nn.Module):
         return self.head(x)                         # (B, T, V)
 
 
-def make_toy_batch(batch_size, seq_len, vocab_size, seed):
+def make_toy_batch(batch_size, seq_len, vocab_size, seed, device=None):
     """A deterministic batch for ToyModel: random tokens, target = next id in a cycle.
 
     The target of token t is (t + 1) % vocab_size, a per-token rule ToyModel can learn,
@@ -90,14 +108,16 @@ def make_toy_batch(batch_size, seq_len, vocab_size, seed):
         seq_len: tokens per sequence T.
         vocab_size: token ids are drawn from [0, vocab_size).
         seed: the same seed always gives the same batch.
+        device: where the batch lives (drawn on the CPU, then moved: the same on every device).
 
     Returns:
         (inputs, targets): two int64 tensors of shape (B, T).
     """
+    target = _target(device)
     g = torch.Generator().manual_seed(seed)
-    inputs = torch.randint(0, vocab_size, (batch_size, seq_len), generator=g)  # (B, T)
-    targets = (inputs + 1) % vocab_size                                        # (B, T)
-    return inputs, targets
+    inputs = torch.randint(0, vocab_size, (batch_size, seq_len), generator=g, device="cpu")  # (B, T)
+    targets = (inputs + 1) % vocab_size                                                    # (B, T)
+    return inputs.to(target), targets.to(target)
 
 
 def lm_loss(logits, targets):
@@ -196,10 +216,17 @@ class TinyGPT(nn.Module):
 
     Args:
         config: a GPTConfig.
+        device: where the parameters live (values computed on the CPU, then moved).
     """
 
-    def __init__(self, config):
+    def __init__(self, config, device=None):
         super().__init__()
+        target = _target(device)
+        with torch.device("cpu"):
+            self._build(config)
+        self.to(target)
+
+    def _build(self, config):
         self.config = config
         self.wte = nn.Embedding(config.vocab_size, config.n_embd)
         self.wpe = nn.Embedding(config.block_size, config.n_embd)

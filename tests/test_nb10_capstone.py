@@ -1,9 +1,9 @@
-"""09_capstone: the auto-graded self-test passes on the solution, fails on the stubs and wrong answers."""
+"""10_capstone: the auto-graded self-test passes on the solution, fails on the stubs and wrong answers."""
 import pytest
 
 from tests.harness import assert_bug_caught, assert_full_marks, assert_stubs_fail
 
-AID = "09_capstone"
+AID = "10_capstone"
 AUTO = 5  # auto-graded points (Q1 3 + Q2 1 + Q3 1); the Feynman answer (4) is graded by hand
 
 
