@@ -48,7 +48,8 @@ def _definitions_only(src: str) -> str:
 
 def grade_cells(aid: str, solutions: dict[str, str] | None = None,
                 edits: list[tuple[str, str, str]] = (), only: list[str] | None = None,
-                release: bool = False, visible_only: bool = False) -> dict[str, str | None]:
+                release: bool = False, visible_only: bool = False,
+                device_proxy: bool = False) -> dict[str, str | None]:
     """Run an assignment's graded cells in-process with the given solution cells.
 
     Args:
@@ -59,9 +60,24 @@ def grade_cells(aid: str, solutions: dict[str, str] | None = None,
         release: start from the learner's release copy (stubs) instead of the solutions.
         visible_only: run the graded cells without their hidden tests (the self-check the learner
             sees), e.g. to prove that a self-check catches what the hidden tests catch.
+        device_proxy: run every launch under ZEROCOURSE_DEVICE_PROXY=1 (zerocourse/devices.py):
+            a tensor created in a rank without the rank's device lands on `meta` and fails, as
+            it would on a GPU under NCCL. The reference solutions and the course's cells must pass so.
     Returns:
         grade_id -> None if the cell passed, else the error text.
     """
+    saved = os.environ.get("ZEROCOURSE_DEVICE_PROXY")
+    os.environ["ZEROCOURSE_DEVICE_PROXY"] = "1" if device_proxy else "0"
+    try:
+        return _grade_cells(aid, solutions, edits, only, release, visible_only)
+    finally:
+        if saved is None:
+            os.environ.pop("ZEROCOURSE_DEVICE_PROXY", None)
+        else:
+            os.environ["ZEROCOURSE_DEVICE_PROXY"] = saved
+
+
+def _grade_cells(aid, solutions, edits, only, release, visible_only) -> dict[str, str | None]:
     sol = load("solutions", aid)
     cells = sol["cells"]
     results: dict[str, str | None] = {}
@@ -129,7 +145,9 @@ def assert_full_marks(aid: str, total: float | None = None, cells: list[str] | N
                       **fixture) -> dict:
     """Every graded cell run passes (the solution, or a valid alternative given as `fixture`:
     solutions=, edits=, only=); with `total`, the score is (total, total), else full and > 0;
-    with `cells`, exactly those graded cells ran."""
+    with `cells`, exactly those graded cells ran. The reference solution itself (no solutions=
+    or edits=) runs under the device proxy: every tensor on the rank's device."""
+    fixture.setdefault("device_proxy", not fixture.get("solutions") and not fixture.get("edits"))
     results = grade_cells(aid, **fixture)
     if cells is not None:
         assert set(results) == set(cells), results
