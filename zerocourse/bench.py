@@ -331,7 +331,7 @@ def _setup(rank, world_size, stage, nb, dtype, ours: bool):
 def _stage_job(rank, world_size, stage, nb, steps):
     """Median step times (ours, torch's; fp32) and ours' bytes held and sent (bf16)."""
     from zerocourse.comm import CommTracer
-    from zerocourse.memory import model_state_bytes
+    from zerocourse.memory import measure_state_bytes
     out = {}
     for ours in (True, False):
         step, _, _ = _setup(rank, world_size, stage, nb, torch.float32, ours)
@@ -347,7 +347,7 @@ def _stage_job(rank, world_size, stage, nb, steps):
     with CommTracer() as tracer:
         step()
     out["sent_per_rank"] = tracer.sent_bytes
-    out["bytes_per_rank"] = model_state_bytes(model, opt)["total"]
+    out["bytes_per_rank"] = measure_state_bytes(model, opt)["total"]
     return out
 
 

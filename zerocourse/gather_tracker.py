@@ -29,7 +29,7 @@ runs, so this sees every state the parameters are in when an op could use them.
 
 Limits (what it does not see):
 - Full copies kept OUTSIDE the parameter slots are not counted: a private cache of gathered
-  tensors (pair it with zerocourse.memory.model_state_bytes, which counts everything reachable
+  tensors (pair it with zerocourse.memory.measure_state_bytes, which counts everything reachable
   from the model and the optimizer), and tensors autograd saved for backward (a p.data swap leaves
   the slots empty while a saved W.t() keeps the full weight alive: pair it with
   zerocourse.memory.PeakTracker around the forward, which counts every storage the forward

@@ -1,6 +1,6 @@
 """What a rank holds: bytes of model states, and peaks of memory inside a region.
 
-    model_state_bytes(model, optimizer=None) -> dict   bytes held now, by category:
+    measure_state_bytes(model, optimizer=None) -> dict bytes held now, by category:
         {"params", "grads", "optimizer", "other", "total"}
     format_bytes(n) -> str                              1500000 -> "1.50 MB" (decimal, GB = 10**9)
     PeakTracker()                                       with PeakTracker() as mem: ...
@@ -16,7 +16,7 @@ tensor.numel() * element_size() would count shared memory twice. We count each d
 untyped_storage() once, with its nbytes(). RSS would be useless here: it is dominated by the
 Python and torch runtime (the first torch.optim import alone adds ~66 MB).
 
-model_state_bytes does not know where an optimizer keeps its state: learners write their own and
+measure_state_bytes does not know where an optimizer keeps its state: learners write their own and
 may store it in lists, dicts keyed by parameter, one flat tensor, nested objects or even on the
 model. So it walks every object reachable from the model and the optimizer and collects the
 tensors it finds. Each storage goes to the first matching category, in priority order:
@@ -77,7 +77,7 @@ def _storage_key(st):
 
 
 # -----------------------------------------------------------------------------
-# model_state_bytes
+# measure_state_bytes
 
 # Objects the walk never enters: atoms, and things that lead to the whole interpreter.
 _ATOMS = (str, bytes, bytearray, int, float, complex, bool, type(None), range, slice,
@@ -116,7 +116,7 @@ def _reachable_tensors(root, max_depth=100):
         stack.extend((child, depth + 1) for child in children)
 
 
-def model_state_bytes(model, optimizer=None):
+def measure_state_bytes(model, optimizer=None):
     """Bytes of the storages reachable from model and optimizer, each storage counted once.
 
     Args:
@@ -280,3 +280,6 @@ class PeakTracker(TorchDispatchMode):
     def _event(self, label):
         self.timeline.append((len(self.timeline), self.current_bytes, label))
 
+
+# The meter's name before notebook 01's formula took it back (learners' earlier copies import it).
+model_state_bytes = measure_state_bytes
