@@ -21,16 +21,39 @@ Both sides become token streams that a paraphrase does not change:
   literals go through a tolerant tokenizer of the same vocabulary (unicode minus and times
   signs read as - and *), so a formula written in a docstring or in a hint is code too.
 
-A match is a run of at least N_GRAM consecutive secret tokens that also occur, in order, in a
-visible stream, with the same pattern of placeholders (a window renames its locals in order of
-first use, so `a * b + a` matches `x * y + x` and not `x * y + z`). N_GRAM was measured on the
-course (see `python -m tests.leak --sweep`): below it generic code (`for n, p in
-model.named_parameters(): if p.requires_grad`) matches everywhere; at it, the course's known
-leaks are all caught, a one-line answer included.
+A window is N_GRAM consecutive tokens with at least MIN_SPECIFIC specific ones (a kept name, a
+literal or an arithmetic/comparison operator: punctuation, keywords and placeholders say
+nothing). A region matches a visible stream when one of its windows occurs there with the same
+keys and the same pattern of placeholders (a window renames its locals in order of first use,
+so `a * b + a` matches `x * y + x`, not `x * y + z`); consecutive windows make a run, and the
+longest run of each (region, visible file) pair is reported. Idioms the course writes
+everywhere (`dist.get_world_size(), dist.get_rank()`, ...) are listed in the allowlist and
+masked on both sides first.
+
+The two numbers were measured on main at 3e19c84 (`python -m tests.leak --sweep`, and against
+the review's known leaks: G1, G2 in 07 and in shard_holder.py, G5, G7 in 02 and 03, G9):
+
+    window  specific  regions matched  (region, file) pairs  known leaks caught
+      9        4            32                 88                  8 of 8
+     10        4            28                 69                  8 of 8
+     11        4            25                 63                  8 of 8      <- chosen
+     12        4            24                 58                  7 (not G5's one-line formula)
+     13        4            20                 44                  6 (not G5, not 03's shard_bounds)
+     11        3            39                 99                  8 (more boilerplate)
+     11        5            16                 23                  7 (not 02's batch slice)
+
+What a token comparison cannot see, by construction: the same algebra written differently
+(G9's `sent_formula=(3 if stage == 3 else 2) * psi * f * 2` against 06's `passes * one_pass`;
+G7's `batch[rank * B // N : (rank + 1) * B // N]` docstring against `batch[rank * shard:...]`,
+whose slice the test does catch in 02's own later cells), a loop against a comprehension
+(shard_holder's trainable_ranges; the file is caught on the padded layout next to it), and
+formulas in math notation without operators (G3's "4b bytes per token", G6's 2(N−1)·α).
 
 Accepted and known matches live in tests/leak_allowlist.txt: `region | visible file | reason`
 (fnmatch patterns; the reason starts with the review's finding id when the match is a known
-leak being fixed). tests/test_leak.py fails on any match the allowlist does not explain.
+leak being fixed, NEW: when no finding lists it, ACCEPTED: when it is no answer) and
+`idiom | code | reason`. tests/test_leak.py fails on any match the allowlist does not explain;
+this CLI lists the entries no match needs any more.
 """
 from __future__ import annotations
 
@@ -44,7 +67,6 @@ import keyword
 import os
 import re
 import sys
-import textwrap
 import tokenize
 from dataclasses import dataclass, field
 
