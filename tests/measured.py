@@ -202,7 +202,9 @@ def from_timings(m: dict, path: str) -> dict:
         data = json.load(f)
     for aid, row in data.items():
         m.setdefault("run", {})[aid] = {"seconds": round(row["seconds"], 1), "load": row.get("load")}
-    _stamp(m, f"run: tests/test_notebooks.py in make test ({os.path.relpath(path, ROOT)})")
+    m.setdefault("how", {})["run"] = ("the solution notebook top to bottom, headless "
+                                      "(tests/test_notebooks.py in make test)")
+    _stamp(m, f"run: {os.path.relpath(path, ROOT)}")
     return m
 
 
@@ -211,12 +213,16 @@ def from_bench(m: dict, path: str) -> dict:
     -> "grade" (load averages: not recorded by the bench)."""
     with open(path, encoding="utf-8") as f:
         data = json.load(f)
+    how = m.setdefault("how", {})
     for aid, row in data.get("notebooks", {}).items():
         m.setdefault("run", {})[aid] = {"seconds": round(row["execute_s"], 1), "load": None}
+        how["run"] = "the solution notebook top to bottom, headless (make bench, part notebooks)"
     for aid, row in data.get("autograde", {}).items():
         if row.get("reference_s") is not None:
             m.setdefault("grade", {})[aid] = {"seconds": round(row["reference_s"], 1)}
-    _stamp(m, f"make bench ({os.path.relpath(path, ROOT)})")
+            how["grade"] = ("the reference solution as one submission of autograder/grade.py "
+                            f"(make bench, part autograde; sandboxed: {data.get('autograde_sandboxed')})")
+    _stamp(m, f"bench: {os.path.relpath(path, ROOT)}")
     return m
 
 

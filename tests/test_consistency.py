@@ -436,3 +436,18 @@ def test_run_times_render_from_the_measured_source():
     assert lines[3] == "| 02_data_parallelism | 118.7 s (load 5.0) | not measured |"   # no grade time
     assert lines[7] == "| 00_setup | 10 min | 8 min |"          # 20 x 29.2 s, and / 1.24
     assert measured.runs_in(None) == "not measured"
+
+
+def test_a_measurement_is_recorded_with_its_date_and_source(tmp_path):
+    timings = tmp_path / "notebook_run_s.json"
+    timings.write_text(json.dumps({"00_setup": {"seconds": 12.34, "load": 2.5}}))
+    m = measured.from_timings({"run": {}, "grade": {}}, str(timings))
+    assert m["run"]["00_setup"] == {"seconds": 12.3, "load": 2.5}
+    assert re.match(r"\d{4}-\d\d-\d\d$", m["measured"]) and "test_notebooks" in m["how"]["run"]
+    bench = tmp_path / "results.json"
+    bench.write_text(json.dumps({"notebooks": {"00_setup": {"execute_s": 9.87}},
+                                 "autograde": {"00_setup": {"reference_s": 20.04}},
+                                 "autograde_sandboxed": True}))
+    m = measured.from_bench(m, str(bench))
+    assert m["run"]["00_setup"]["seconds"] == 9.9 and m["grade"]["00_setup"] == {"seconds": 20.0}
+    assert "sandboxed: True" in m["how"]["grade"]
