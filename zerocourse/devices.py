@@ -27,11 +27,11 @@ names the call, the argument and both devices, instead of NCCL's "Tensors must b
 """
 from __future__ import annotations
 
+import functools
 import os
 import sys
 
 import torch
-from torch.overrides import TorchFunctionMode
 
 # The rank's device, set by the rank itself (zerocourse._rank) once its process group exists.
 _RANK_DEVICE: torch.device | None = None
@@ -50,34 +50,52 @@ def rank_device() -> torch.device:
     return _RANK_DEVICE if _RANK_DEVICE is not None else torch.device("cpu")
 
 
-class DeviceProxy(TorchFunctionMode):
+# Factory functions whose device follows their data when the data is a tensor.
+_FOLLOW_DATA = {"tensor", "as_tensor", "asarray"}
+
+
+def _proxied(name: str, fn):
+    """torch.<name>, sending a tensor created without a device by code outside torch to meta."""
+    follow = name in _FOLLOW_DATA
+
+    @functools.wraps(fn)
+    def factory(*args, **kwargs):
+        if kwargs.get("device") is None and not (follow and args and isinstance(args[0], torch.Tensor)) \
+                and not _in_device_context():
+            caller = sys._getframe(1).f_code.co_filename
+            if not caller.startswith(_TORCH_DIR) or caller.startswith(_TORCH_LAYERS):
+                kwargs["device"] = "meta"
+        return fn(*args, **kwargs)
+
+    factory._zc_proxied = fn
+    return factory
+
+
+def _in_device_context() -> bool:
+    """True inside `with torch.device(d):` (that code chose its device)."""
+    if not torch._C._len_torch_function_stack():
+        return False
+    from torch.overrides import _get_current_function_mode_stack
+    from torch.utils._device import DeviceContext
+    return any(isinstance(m, DeviceContext) for m in _get_current_function_mode_stack())
+
+
+def install_proxy() -> None:
     """Tensors created without a device by code outside torch go to `meta` (see the module doc).
 
     Which call decides: the frame that called the factory function. A notebook cell, a test or
     zerocourse calling torch.zeros(n) is redirected; so is torch.nn.Linear(4, 4) called from
     there (its parameters are created in torch/nn/modules with the caller's device=None).
     torch.optim, torch.distributed, torch.utils, ... calling torch.tensor(0.0) are not: those
-    tensors stay on the CPU on a GPU machine too.
+    tensors stay on the CPU on a GPU machine too. The factory functions themselves are wrapped
+    (not a TorchFunctionMode, whose stack is empty while autograd runs hooks and backward
+    functions, and a GPU machine's CPU default applies there too).
     """
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if kwargs.get("device") is None and func in _constructors():
-            caller = sys._getframe(1).f_code.co_filename
-            if not caller.startswith(_TORCH_DIR) or caller.startswith(_TORCH_LAYERS):
-                kwargs["device"] = "meta"
-        return func(*args, **kwargs)
-
-
-_CONSTRUCTORS: set | None = None
-
-
-def _constructors() -> set:
-    global _CONSTRUCTORS
-    if _CONSTRUCTORS is None:
-        from torch.utils._device import _device_constructors
-        _CONSTRUCTORS = set(_device_constructors())
-    return _CONSTRUCTORS
+    from torch.utils._device import _device_constructors
+    for fn in _device_constructors():
+        name = fn.__name__
+        if getattr(torch, name, None) is fn:
+            setattr(torch, name, _proxied(name, fn))
 
 
 def enter_rank(device: torch.device, proxy: bool) -> None:
@@ -86,7 +104,7 @@ def enter_rank(device: torch.device, proxy: bool) -> None:
     global _RANK_DEVICE
     _RANK_DEVICE = torch.device(device)
     if proxy:
-        DeviceProxy().__enter__()
+        install_proxy()
 
 
 def _tensors(value, where: str):
