@@ -13,12 +13,33 @@ data, and the kernel draws one row per (rank, label):
 Kinds: "compute" (solid, the rank's colour), "comm" (a blocking collective: hatched),
 "wait" (waiting for async collectives to finish: light). Times are shown in ms from each row's
 first timestamp, so ranks whose clocks are not aligned still compare by duration.
+
+Timestamps on a GPU: CUDA kernels and NCCL collectives run asynchronously, so perf_counter() right
+after a call measures when it was queued, not when it ran. `now(device)` first waits for the
+device's queue (torch.cuda.synchronize) when the device is a GPU, then reads the clock: take span
+ends with it. On the CPU it is perf_counter() itself.
 """
 from __future__ import annotations
 
+import time
+
+import torch
+
 from zerocourse.plots import rank_color, rank_hatch
 
-__all__ = ["plot_timeline", "KIND_STYLE"]
+__all__ = ["plot_timeline", "KIND_STYLE", "now"]
+
+
+def now(device=None) -> float:
+    """time.perf_counter() once the work queued on `device` is done (a GPU runs asynchronously).
+
+    Args:
+        device: the rank's device (zerocourse.rank_device()); None or a CPU device reads the
+            clock at once.
+    """
+    if device is not None and torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
 
 KIND_STYLE = {
     "compute": {"alpha": 1.0, "hatch": None, "label": "compute (forward + backward)"},
