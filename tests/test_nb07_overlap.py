@@ -141,12 +141,15 @@ def test_valid_variant_gets_full_marks(name):
 
 
 def test_device_proxy_catches_a_learner_buffer_without_device():
-    """A learner-style device bug (a bucket buffer preallocated without device=) is silent on
-    gloo/CPU but fails under the proxy, as it would under NCCL, with a message naming the tensor."""
-    bug = [(DP, CAT, "flat = torch.empty(sum(g.numel() for g in grads), dtype=grads[0].dtype)\n"
+    """A learner-style device bug (bucket buffers preallocated in __init__ without device=) is
+    silent on gloo/CPU but fails under the proxy, as it would under NCCL."""
+    bug = [(DP, "bucket_of = {p: i for i, b in enumerate(buckets) for p in b}\n",
+            "bucket_of = {p: i for i, b in enumerate(buckets) for p in b}\n"
+            "        flats = [torch.zeros(sum(p.numel() for p in b), dtype=b[0].dtype) for b in buckets]\n"),
+           (DP, CAT, "flat = flats[len(started)]\n"
                      "            torch.cat([g.reshape(-1) for g in grads], out=flat)")]
     results = grade_cells(AID, edits=bug, only=[B_CHECK], device_proxy=True)
-    assert results[B_CHECK] is not None and "is on meta" in results[B_CHECK], results
+    assert results[B_CHECK] is not None and "meta" in results[B_CHECK], results
 
 
 def test_device_proxy_catches_a_course_cell_without_device(monkeypatch):

@@ -48,14 +48,16 @@ KIND_STYLE = {
 }
 
 
-def plot_timeline(ax, rows: list[dict], title: str, xlabel: str = "time from the step's start (ms)") -> None:
-    """Draw one horizontal lane per row: spans as bars, issue times of async collectives as ticks.
+def plot_timeline(ax, rows: list[dict], title: str, xlabel: str = "time from the step's start (ms)",
+                  tick_label: str = "async collective issued") -> None:
+    """Draw one horizontal lane per row: spans as bars, issue times of collectives as ticks.
 
     Args:
         ax: a matplotlib Axes.
         rows: [{"label", "rank", "spans": [(t0, t1, kind)], "ticks": [t]}], times in seconds.
         title: the panel's title.
         xlabel: the x-axis label.
+        tick_label: what a tick marks, for the legend (e.g. "all-gather issued").
     """
     seen = set()
     for y, row in enumerate(rows):
@@ -71,7 +73,7 @@ def plot_timeline(ax, rows: list[dict], title: str, xlabel: str = "time from the
                     edgecolor="black" if style["hatch"] else "white", linewidth=0.3, label=label)
         ticks = list(row.get("ticks", []))
         if ticks:
-            label = f"rank {row['rank']}: async collective issued" if (row["rank"], "tick") not in seen else None
+            label = f"rank {row['rank']}: {tick_label}" if (row["rank"], "tick") not in seen else None
             seen.add((row["rank"], "tick"))
             ax.scatter([1e3 * (t - origin) for t in ticks], [y - 0.42] * len(ticks), marker="v", s=28,
                        color=color, edgecolor="black", linewidth=0.4, zorder=3, label=label)
