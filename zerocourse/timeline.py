@@ -13,12 +13,33 @@ data, and the kernel draws one row per (rank, label):
 Kinds: "compute" (solid, the rank's colour), "comm" (a blocking collective: hatched),
 "wait" (waiting for async collectives to finish: light). Times are shown in ms from each row's
 first timestamp, so ranks whose clocks are not aligned still compare by duration.
+
+Timestamps on a GPU: CUDA kernels and NCCL collectives run asynchronously, so perf_counter() right
+after a call measures when it was queued, not when it ran. `now(device)` first waits for the
+device's queue (torch.cuda.synchronize) when the device is a GPU, then reads the clock: take span
+ends with it. On the CPU it is perf_counter() itself.
 """
 from __future__ import annotations
 
+import time
+
+import torch
+
 from zerocourse.plots import rank_color, rank_hatch
 
-__all__ = ["plot_timeline", "KIND_STYLE"]
+__all__ = ["plot_timeline", "KIND_STYLE", "now"]
+
+
+def now(device=None) -> float:
+    """time.perf_counter() once the work queued on `device` is done (a GPU runs asynchronously).
+
+    Args:
+        device: the rank's device (zerocourse.rank_device()); None or a CPU device reads the
+            clock at once.
+    """
+    if device is not None and torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
 
 KIND_STYLE = {
     "compute": {"alpha": 1.0, "hatch": None, "label": "compute (forward + backward)"},
@@ -27,14 +48,16 @@ KIND_STYLE = {
 }
 
 
-def plot_timeline(ax, rows: list[dict], title: str, xlabel: str = "time from the step's start (ms)") -> None:
-    """Draw one horizontal lane per row: spans as bars, issue times of async collectives as ticks.
+def plot_timeline(ax, rows: list[dict], title: str, xlabel: str = "time from the step's start (ms)",
+                  tick_label: str = "async collective issued") -> None:
+    """Draw one horizontal lane per row: spans as bars, issue times of collectives as ticks.
 
     Args:
         ax: a matplotlib Axes.
         rows: [{"label", "rank", "spans": [(t0, t1, kind)], "ticks": [t]}], times in seconds.
         title: the panel's title.
         xlabel: the x-axis label.
+        tick_label: what a tick marks, for the legend (e.g. "all-gather issued").
     """
     seen = set()
     for y, row in enumerate(rows):
@@ -50,7 +73,7 @@ def plot_timeline(ax, rows: list[dict], title: str, xlabel: str = "time from the
                     edgecolor="black" if style["hatch"] else "white", linewidth=0.3, label=label)
         ticks = list(row.get("ticks", []))
         if ticks:
-            label = f"rank {row['rank']}: async collective issued" if (row["rank"], "tick") not in seen else None
+            label = f"rank {row['rank']}: {tick_label}" if (row["rank"], "tick") not in seen else None
             seen.add((row["rank"], "tick"))
             ax.scatter([1e3 * (t - origin) for t in ticks], [y - 0.42] * len(ticks), marker="v", s=28,
                        color=color, edgecolor="black", linewidth=0.4, zorder=3, label=label)
