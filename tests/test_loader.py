@@ -48,3 +48,27 @@ def test_loaded_functions_run_on_ranks(tmp_path):
                "    return t.item()")
     mod = load_notebook(path, names=["total"])
     assert launch(mod.total, 3) == [3.0, 3.0, 3.0]
+
+
+def _stub(rank, world_size):
+    raise NotImplementedError()
+
+
+def test_a_fallback_reads_as_one_line_of_information(capsys):
+    """A stub on the ranks, a missing notebook, an error with an empty message: one short line,
+    no traceback, nothing on stderr (the details go to a fold in a notebook)."""
+    from zerocourse.loader import explain_fallback
+    try:
+        launch(_stub, 2, timeout=60)
+    except Exception as e:  # noqa: BLE001
+        line = explain_fallback("your ZeRO3Module (05)", e, "torch FSDP2")
+    assert line == ("ⓘ your ZeRO3Module (05) not used (not written yet: it raises "
+                    "NotImplementedError); using torch FSDP2 instead.")
+    try:
+        load_notebook("../nowhere/05_zero3.ipynb", names=["ZeRO3Module"])
+    except NotebookLoadError as e:
+        line = explain_fallback("your ZeRO3Module (05)", e, "torch FSDP2")
+    assert "no notebook at '../nowhere/05_zero3.ipynb'" in line and "Traceback" not in line
+    assert explain_fallback("x", ValueError(""), "y") == "ⓘ x not used (ValueError); using y instead."
+    out = capsys.readouterr()
+    assert out.err == "" and "Traceback" not in out.out and len(out.out.splitlines()) == 3

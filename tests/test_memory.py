@@ -121,6 +121,23 @@ def test_param_and_grad_in_optimizer_counted_once_in_their_category():
                                              "total": 240}
 
 
+def test_by_dtype_splits_each_category():
+    """by_dtype=True splits every category by dtype (a bf16 gradient shard kept by an optimizer
+    tells itself apart from its fp32 state); without it the result is unchanged."""
+    torch.manual_seed(0)
+    model, opt = one_bf16_step(TinyGPT(SMALL), SMALL.vocab_size)
+    n = sum(p.numel() for p in model.parameters())
+    opt.kept = torch.zeros(7, dtype=torch.bfloat16)          # e.g. a ZeRO-2's gradient shard
+    from zerocourse.memory import measure_state_bytes
+    plain = measure_state_bytes(model, opt)
+    split = measure_state_bytes(model, opt, by_dtype=True)
+    assert "by_dtype" not in plain and {k: split[k] for k in plain} == plain
+    assert split["by_dtype"]["params"] == {"torch.bfloat16": 2 * n}
+    assert split["by_dtype"]["grads"] == {"torch.bfloat16": 2 * n}
+    assert split["by_dtype"]["optimizer"] == {"torch.float32": 12 * n, "torch.bfloat16": 14}
+    assert sum(sum(d.values()) for d in split["by_dtype"].values()) == split["total"]
+
+
 def test_state_found_wherever_it_hides():
     model = torch.nn.Linear(4, 4)  # 20 params, 80 bytes
     model.register_buffer("running", torch.zeros(5))  # 20 bytes of "other"

@@ -1,12 +1,20 @@
-"""08_accumulation_and_activations: the graded cells pass on the solution, fail on the stubs,
-catch the bugs, and give full marks to valid alternatives.
+"""08_accumulation_and_activations: the graded cells pass on the solution (under the device
+proxy), fail on the stubs, catch the bugs (the checkpointing ones in the visible self-check
+alone: no ✅ for a bug the text forbids), give full marks to valid alternatives, and the learner
+copy does not spell out the derived formulas.
 
 Bug fixtures run only the graded cells a bug can reach (`only=`), to keep the launches few: the
-accumulation bugs run the 2-rank self-check (one launch), the others need no launch at all.
+accumulation and checkpointing bugs run their self-check (one launch each), the others need no
+launch at all.
 """
+import json
+import os
+import re
+
 import pytest
 
-from tests.harness import assert_bug_caught, assert_full_marks, assert_stubs_fail
+from tests.harness import (ROOT, assert_bug_caught, assert_full_marks, assert_stubs_fail, grade_cells,
+                           score)
 
 AID = "08_accumulation_and_activations"
 
@@ -32,6 +40,7 @@ def test_every_graded_cell_fails_on_the_stubs():
 
 
 SELF_STEP = ["acc-step-check"]
+SELF_CKPT = ["ckpt-check"]
 BUGS = {
     # bug: (edits, cells to run, cells that must fail, cells that must pass)
     "all-reduces after every micro-batch (no no_sync; right numbers, k times the traffic)": (
@@ -73,19 +82,88 @@ BUGS = {
     "checkpointing that keeps activations (the un-checkpointed call's output is used)": (
         [("ckpt-blocks", "            return checkpoint(inner, x, use_reentrant=False)",
           "            checkpoint(inner, x, use_reentrant=False)\n            return inner(x)")],
-        CKPT, CKPT, []),
+        SELF_CKPT, SELF_CKPT, []),
     "checkpoints only the attention (the MLP keeps its activations)": (
         [("ckpt-blocks", "    for block in model.h:\n        inner = block.forward",
           "    for block in [b.attn for b in model.h]:\n        inner = block.forward")],
-        CKPT, CKPT, []),
+        SELF_CKPT, SELF_CKPT, []),
     "late-binding closure (every block runs the last block's forward)": (
-        [("ckpt-blocks", "def forward(x, inner=inner):", "def forward(x):")], CKPT, CKPT, []),
+        [("ckpt-blocks", "def forward(x, inner=inner):", "def forward(x):")], SELF_CKPT, SELF_CKPT, []),
+    "use_reentrant=True (the text forbids it: a frozen embedding loses the blocks' gradients)": (
+        [("ckpt-blocks", "inner, x, use_reentrant=False)", "inner, x, use_reentrant=True)")],
+        SELF_CKPT, SELF_CKPT, []),
 }
 
 
 @pytest.mark.parametrize("bug", list(BUGS))
 def test_bug_is_caught(bug):
-    assert_bug_caught(AID, *BUGS[bug])
+    edits, only, must_fail, must_pass = BUGS[bug]
+    # A checkpointing bug must already fail the visible self-check (it has no hidden part).
+    assert_bug_caught(AID, edits, only, must_fail, must_pass, visible_only=only == SELF_CKPT)
+
+
+CLASS_PATCH_CKPT = '''
+def checkpoint_blocks(model):
+    """Patches the Block CLASS: every TinyGPT in the process is checkpointed, not only `model`."""
+    if not getattr(Block, "_checkpointed", False):
+        plain_forward = Block.forward
+
+        def forward(self, x):
+            return checkpoint(plain_forward, self, x, use_reentrant=False)
+        Block.forward = forward
+        Block._checkpointed = True
+    return model
+'''
+
+WRAPPER_CKPT = '''
+class CheckpointedBlock(nn.Module):
+    def __init__(self, block):
+        super().__init__()
+        self.block = block                  # its parameters become h.<i>.block.<name>
+
+    def forward(self, x):
+        return checkpoint(self.block, x, use_reentrant=False)
+
+
+def checkpoint_blocks(model):
+    for i in range(len(model.h)):
+        model.h[i] = CheckpointedBlock(model.h[i])
+    return model
+'''
+
+# Whole answers the text forbids (COURSE_DESIGN §2: only the model passed in; the same
+# parameters under the same state_dict keys): the self-check alone must fail them.
+FORBIDDEN = {
+    "patches the Block class (every TinyGPT in the process checkpointed)": CLASS_PATCH_CKPT,
+    "a wrapper module that renames the parameters (h.0.block.ln_1.weight)": WRAPPER_CKPT,
+}
+
+
+@pytest.mark.parametrize("bug", list(FORBIDDEN))
+def test_forbidden_checkpointing_fails_the_self_check(bug):
+    results = grade_cells(AID, solutions={"ckpt-blocks": FORBIDDEN[bug]}, only=SELF_CKPT,
+                          visible_only=True)
+    assert results["ckpt-check"] is not None, results
+    earned, total = score(AID, results)
+    assert earned < total
+
+
+def _learner_text(aid):
+    with open(os.path.join(ROOT, "notebooks", aid, f"{aid}.ipynb"), encoding="utf-8") as f:
+        return "\n".join("".join(c["source"]) for c in json.load(f)["cells"])
+
+
+# The derived answers, as the text or a comment would spell them (issue 27: derive, don't
+# transcribe): the bill's per-stage multipliers and the block's per-token count.
+ANSWER_SPELLINGS = [r"\(k\s*\+\s*1\)\s*[·*]?\s*R", r"\b3\s*[·*]?\s*k\s*[·*]?\s*R\b", r"\b2R\b",
+                    r"16\s*[·*]\s*(C|n_embd)\s*[·*]\s*b", r"4\s*[·*]?\s*b\s*\+\s*4\s*[·*]?\s*a",
+                    r"32 instead of 34", r"\(k\s*\+\s*1\)\s*/\s*2", r"3k\s*/\s*2"]
+
+
+def test_learner_copy_does_not_spell_out_the_derived_formulas():
+    text = _learner_text(AID)
+    found = [p for p in ANSWER_SPELLINGS if re.search(p, text)]
+    assert not found, found
 
 
 HOOKED_STEP = '''
@@ -165,29 +243,13 @@ def activation_bytes(batch, seq_len, n_embd, n_head, bytes_per_element=2):
     return sum(saved)
 '''
 
-WRAPPER_CKPT = '''
-class CheckpointedBlock(nn.Module):
-    def __init__(self, block):
-        super().__init__()
-        self.block = block
-
-    def forward(self, x):
-        return checkpoint(self.block, x, use_reentrant=False)
-
-
-def checkpoint_blocks(model):
-    for i in range(len(model.h)):
-        model.h[i] = CheckpointedBlock(model.h[i])
-    return model
-'''
 
 VALID = {
     "no_sync-like flag with post-accumulate-grad hooks, ReduceOp.AVG, chunk": (
         {"acc-step": HOOKED_STEP}, STEP),
     "one flat all-reduce with ReduceOp.AVG, grads divided by k after; Fraction bytes": (
         {"acc-step": FLAT_STEP, "acc-bytes": FRACTION_BYTES}, ["acc-step-check"] + BYTES),
-    "activation bytes as a list of tensors; checkpoint wrapper modules": (
-        {"act-bytes": LISTED_ACT, "ckpt-blocks": WRAPPER_CKPT}, ACT + CKPT),
+    "activation bytes as a list of tensors": ({"act-bytes": LISTED_ACT}, ACT),
 }
 
 

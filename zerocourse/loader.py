@@ -11,12 +11,25 @@ Only the DEFINITIONS of a notebook are executed: top-level imports, `def`,
 launches, plots, tests) is skipped, so loading is fast and has no side effects.
 The loaded module is not put in sys.modules, so `launch` sends its functions
 to the ranks by value.
+
+When a learner's notebook cannot be used (missing, a stub, broken), a demo falls back on
+something else and says so in ONE line, with the details folded away:
+
+    try:
+        mod = load_notebook("../05_zero3/05_zero3.ipynb", names=["ZeRO3Module"])
+        ...                                        # e.g. a smoke test on 2 ranks
+    except Exception as e:
+        explain_fallback("your ZeRO3Module (05)", e, "torch FSDP2")
+    # ⓘ your ZeRO3Module (05) not used (not written yet: it raises NotImplementedError);
+    #   using torch FSDP2 instead.                                      [details: the traceback]
 """
 from __future__ import annotations
 
 import ast
+import html
 import json
 import os
+import traceback
 import types
 
 
@@ -98,3 +111,59 @@ def load_notebook(path: str, names: list[str] | None = None, module_name: str | 
         raise NotebookLoadError(f"{path} does not define {missing}; was the cell that defines "
                                 f"them renamed or deleted?")
     return mod
+
+
+def short_reason(error: BaseException) -> str:
+    """Why something could not be used, in a few words (for one line in a notebook).
+
+    A stub's NotImplementedError reads "not written yet"; a missing notebook names the path; a
+    failure inside a rank gives the rank's exception type and the first line of its message,
+    without the launcher's "rank r failed with ..." wrapper or the traceback.
+
+    Args:
+        error: the exception caught while loading or trying the learner's code.
+    """
+    text = str(error).strip()
+    first = text.splitlines()[0].strip() if text else ""
+    kind = type(error).__name__
+    if first.startswith("rank ") and " failed with " in first:       # zerocourse.launch's wrapper
+        first = first.split(" failed with ", 1)[1]
+        kind, _, first = first.partition(":")
+        first = first.strip()
+    if kind == "NotImplementedError" or isinstance(error, NotImplementedError):
+        return "not written yet: it raises NotImplementedError"
+    if isinstance(error, NotebookLoadError) or isinstance(error, FileNotFoundError):
+        return first or kind
+    first = first if len(first) <= 120 else first[:117] + "..."
+    return f"{kind}: {first}" if first else kind
+
+
+def explain_fallback(what: str, error: BaseException, instead: str) -> str:
+    """Say in one line that `what` could not be used and `instead` is; fold the details away.
+
+    In a notebook the full error (the ranks' tracebacks included) goes under a collapsed
+    "details" fold; elsewhere only the line is printed. Nothing goes to stderr (a demo's
+    fallback is information, not an error).
+
+    Args:
+        what: what was tried, e.g. "your ZeRO3Module (05)".
+        error: the exception it raised.
+        instead: what is used in its place, e.g. "torch FSDP2".
+    Returns:
+        the line printed.
+    """
+    line = f"ⓘ {what} not used ({short_reason(error)}); using {instead} instead."
+    details = "".join(traceback.format_exception(type(error), error, error.__traceback__))
+    try:
+        from IPython import get_ipython
+        from IPython.display import display
+        in_notebook = get_ipython() is not None and hasattr(get_ipython(), "kernel")
+    except ImportError:
+        in_notebook = False
+    if in_notebook:
+        display({"text/plain": line,                        # the line alone where no HTML shows
+                 "text/html": f"<div>{html.escape(line)}</div><details><summary>details</summary>"
+                              f"<pre>{html.escape(details)}</pre></details>"}, raw=True)
+    else:
+        print(line)
+    return line

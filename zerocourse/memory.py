@@ -1,7 +1,7 @@
 """What a rank holds: bytes of model states, and peaks of memory inside a region.
 
-    measure_state_bytes(model, optimizer=None) -> dict bytes held now, by category:
-        {"params", "grads", "optimizer", "other", "total"}
+    measure_state_bytes(model, optimizer=None, by_dtype=False) -> dict bytes held now, by category:
+        {"params", "grads", "optimizer", "other", "total"} (by_dtype: and per dtype in each)
     format_bytes(n) -> str                              1500000 -> "1.50 MB" (decimal, GB = 10**9)
     PeakTracker()                                       with PeakTracker() as mem: ...
         .current_bytes  bytes allocated inside the region and still alive
@@ -116,24 +116,27 @@ def _reachable_tensors(root, max_depth=100):
         stack.extend((child, depth + 1) for child in children)
 
 
-def measure_state_bytes(model, optimizer=None):
+def measure_state_bytes(model, optimizer=None, by_dtype=False):
     """Bytes of the storages reachable from model and optimizer, each storage counted once.
 
     Args:
         model: an nn.Module (its parameters, their grads, and anything else it references).
         optimizer: any object (a torch optimizer, MixedPrecisionAdam, a learner's ZeRO optimizer).
+        by_dtype: also split every category by the dtype of the first tensor seen on each storage
+            (e.g. to tell a ZeRO optimizer's bf16 gradient shard from its fp32 state).
 
     Returns:
-        {"params": int, "grads": int, "optimizer": int, "other": int, "total": int}
+        {"params": int, "grads": int, "optimizer": int, "other": int, "total": int}, and with
+        by_dtype, "by_dtype": {category: {"torch.bfloat16": int, ...}}.
     """
-    counted = {}  # storage key -> category, first category wins
+    counted = {}  # storage key -> (category, dtype), first category wins
 
     def add(tensors, category):
         for t in tensors:
             for st in _storages(t):
                 key = _storage_key(st)
                 if key is not None and key not in counted:
-                    counted[key] = category
+                    counted[key] = (category, str(t.dtype))
 
     params = list(model.parameters())
     add(params, "params")
@@ -143,9 +146,13 @@ def measure_state_bytes(model, optimizer=None):
     add(_reachable_tensors(model), "other")
 
     result = dict.fromkeys(["params", "grads", "optimizer", "other"], 0)
-    for (_, nbytes), category in counted.items():
+    split = {category: {} for category in result}
+    for (_, nbytes), (category, dtype) in counted.items():
         result[category] += nbytes
+        split[category][dtype] = split[category].get(dtype, 0) + nbytes
     result["total"] = sum(result.values())
+    if by_dtype:
+        result["by_dtype"] = split
     return result
 
 

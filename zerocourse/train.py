@@ -20,7 +20,9 @@ endpoint (see README, "Beyond one machine: torchrun").
 
 Every rank builds the same model from the same seed (stage 0 also broadcasts rank 0's
 parameters), draws the same GLOBAL batch from a generator seeded identically, and trains on
-its 1/N slice of it. Rank 0 prints the mean loss over ranks every --log-every steps and, at the
+its 1/N slice of it. The model and the batches are on the rank's device
+(`zerocourse.rank_device()`: the rank's GPU under NCCL), and so must every tensor your
+implementation creates (the course's device rule; ZEROCOURSE_DEVICE_PROXY=1 checks it on CPU). Rank 0 prints the mean loss over ranks every --log-every steps and, at the
 end, a sample of generated text. Exit status 0 on success.
 """
 from __future__ import annotations
@@ -36,6 +38,7 @@ import torch
 import torch.distributed as dist
 
 from zerocourse.data import get_batch, load_dataset, load_tokenizer
+from zerocourse.devices import enter_rank
 from zerocourse.loader import load_notebook
 from zerocourse.models import GPTConfig, TinyGPT, lm_loss
 
@@ -130,15 +133,30 @@ def main(argv=None) -> int:
     if backend == "nccl":
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
-        # The course's implementations allocate their buffers with torch.zeros(...) and no
-        # device: make the rank's GPU the default device so those land there too.
-        torch.set_default_device(device)
     dist.init_process_group(backend)                     # env:// (RANK, WORLD_SIZE, MASTER_*)
+    # The course's device rule (zerocourse.devices): every tensor of a rank is created on
+    # rank_device(), which is this rank's GPU under NCCL. The default device stays the CPU, so a
+    # tensor created without device= fails here as it would in the notebooks under NCCL; with
+    # ZEROCOURSE_DEVICE_PROXY=1 it lands on 'meta' and fails on the CPU too.
+    enter_rank(device, proxy=os.environ.get("ZEROCOURSE_DEVICE_PROXY", "") == "1")
     rank, world = dist.get_rank(), dist.get_world_size()
     try:
         return _train(args, rank, world, device, backend)
+    except RuntimeError as e:
+        if any(s in str(e) for s in _DEVICE_ERRORS):
+            print(f"[rank {rank}] a tensor is on the wrong device ({str(e).splitlines()[0][:200]}).\n"
+                  f"  The rule: inside a rank, create every tensor on zerocourse.rank_device() "
+                  f"({device} here): device=..., torch.zeros_like(t) or t.new_zeros(...).",
+                  file=sys.stderr, flush=True)
+        raise
     finally:
         dist.destroy_process_group()
+
+
+# What torch says when a tensor created without device= meets the rank's GPU (or, under the
+# device proxy, when it is on 'meta').
+_DEVICE_ERRORS = ("Tensors must be CUDA", "Expected all tensors to be on the same device",
+                  "is on meta", "meta tensors", "incompatible tensor type")
 
 
 def _train(args, rank, world, device, backend) -> int:
@@ -156,8 +174,7 @@ def _train(args, rank, world, device, backend) -> int:
     cfg = GPTConfig(block_size=args.block_size, vocab_size=tok.vocab_size, n_layer=args.n_layer,
                     n_head=args.n_head, n_embd=args.n_embd)
     torch.manual_seed(args.seed)                         # identical initial weights everywhere
-    with torch.device(device):
-        gpt = TinyGPT(cfg).to(dtype)
+    gpt = TinyGPT(cfg, device=device).to(dtype)          # computed on the CPU, moved: same values
     psi = sum(p.numel() for p in gpt.parameters())
     log(f"stage {args.stage} | {world} ranks ({backend}, {device.type}) | TinyGPT {psi:,} params "
         f"{args.dtype} | impl {path}")
@@ -179,9 +196,7 @@ def _train(args, rank, world, device, backend) -> int:
     per = args.batch_size // world
     losses, t0 = [], time.perf_counter()
     for step in range(1, args.steps + 1):
-        with torch.device("cpu"):
-            x, y = get_batch(train, args.batch_size, args.block_size, generator=gen)
-        x, y = x.to(device), y.to(device)
+        x, y = get_batch(train, args.batch_size, args.block_size, generator=gen, device=device)
         if args.stage == 0:
             loss = impl.dp_train_step(model, opt, x, y, lm_loss)
         else:
