@@ -1,111 +1,120 @@
-"""A stand-in for a ZeRO-3 module, to test a ZeRO-3 optimizer on its own (notebook 05, part D).
+"""A stand-in for a ZeRO-3 module, to grade a ZeRO-3 optimizer when the learner's own is not ready.
 
-ZeRO3Adam only needs the SHARDS: `zero3_module.units`, each with `.shard` (this rank's slice of
-the unit's padded flat parameters), `.grad_shard` (the averaged gradient of that slice, or None)
-and `.trainable_ranges` (the [(start, end)] positions of the shard that belong to trainable
-parameters). ShardHolder gives
-exactly that for any model, with none of ZeRO-3's memory savings: every rank keeps the FULL model
-(forward and backward are plain torch), `sync_grads()` all-reduces the full gradients and slices
-them, and `load_shards()` all-gathers the updated shards back into the full parameters. It is
-correct and simple, so a bug found while testing an optimizer with it is the optimizer's.
+Notebook 05 grades `ZeRO3Adam` with the learner's own `ZeRO3Module` first. If that one is not
+working yet, part D is graded on this stand-in instead, so that a learner who is stuck on part C
+can still earn part D. The stand-in offers the interface of the notebook's optional hint design
+and nothing more: `holder.units`, a list of objects each with
+
+    shard             this rank's elements of the unit's parameters (1-D, their dtype); the
+                      optimizer updates it in place
+    grad_shard        the mean over ranks of those elements' gradients, or None
+    trainable_ranges  [(start, end)] positions of `shard` to update (frozen elements and
+                      padding are out; empty for a unit of frozen parameters only)
+
+It is deliberately NOT a ZeRO-3 and not any notebook's solution: every rank keeps the FULL model
+(forward and backward are plain torch); its units are not modules but runs of up to three
+consecutive Parameters of torch's `module.parameters()` (which lists a tied one once), so a unit
+mixes trainable and frozen elements and ends with padding, as a ZeRO-3's units do; and rank r
+holds the STRIDED elements r, r + N, r + 2N, ... of a unit's flattened parameters, not a
+contiguous block. `sync_grads()` all-reduces the full gradients, `load_shards()` all-gathers the
+updated shards back into the full parameters. It is correct and simple, so a bug found while
+testing an optimizer on it is the optimizer's.
 
     holder = ShardHolder(model)                # inside a rank; model identical on all ranks
     opt = ZeRO3Adam(holder, lr=1e-3)
     loss_fn(model(x), y).backward()
-    holder.sync_grads()                        # -> unit.grad_shard; p.grad = None
+    holder.sync_grads()                        # -> unit.grad_shard (accumulated); p.grad = None
     opt.step(); opt.zero_grad()
     holder.load_shards()                       # the new shards -> the full parameters
 """
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 
 __all__ = ["HeldUnit", "ShardHolder"]
 
+PARAMS_PER_UNIT = 3
+
 
 class HeldUnit:
-    """The shard of one module's directly-owned parameters (the full ones stay in the model).
+    """Rank r's strided elements r, r + N, ... of some parameters, flattened one after the other
+    (the full parameters stay in the model).
 
     Args:
-        params: distinct Parameters of one dtype, in a fixed order (the same on every rank).
+        params: distinct Parameters of one dtype (on the rank's device), the same on every rank.
         world_size: number of ranks N.
         rank: this rank.
     """
 
     def __init__(self, params, world_size: int, rank: int):
-        self.params = list(params)
-        self.world_size, self.rank = world_size, rank
+        self.params, self.world_size, self.rank = list(params), world_size, rank
         self.numel = sum(p.numel() for p in self.params)
-        self.shard_numel = math.ceil(self.numel / world_size)      # the padded layout of notebook 03
-        lo, hi = rank * self.shard_numel, (rank + 1) * self.shard_numel
-        flat = self._flat([p.detach() for p in self.params])       # [shard_numel * N]
-        self.shard = flat[lo:hi].clone()                            # [shard_numel], params' dtype
-        self.trainable_ranges, offset = [], 0                       # [(start, end)] in the shard
+        self.rows = -(-self.numel // world_size)                       # elements per rank, padded
+        self.shard = self._mine([p.detach() for p in self.params]).clone()   # [rows], params' dtype
+        # Flat element i lives at position i // N of rank i % N: a parameter that spans the
+        # flat elements [a, b) is, on this rank, the positions ceil((a - r) / N) .. ceil((b - r) / N).
+        self.trainable_ranges, a = [], 0
         for p in self.params:
-            a, b = max(offset, lo), min(offset + p.numel(), hi)
-            if p.requires_grad and a < b:
-                self.trainable_ranges.append((a - lo, b - lo))
-            offset += p.numel()
-        self.grad_shard = None                                      # [shard_numel] or None
+            b = a + p.numel()
+            lo, hi = -(-(a - rank) // world_size), -(-(b - rank) // world_size)
+            if p.requires_grad and lo < hi:
+                self.trainable_ranges.append((lo, hi))
+            a = b
+        self.grad_shard = None                                          # [rows] or None
 
-    def _flat(self, tensors):
-        """The tensors flattened in order, padded with zeros to shard_numel * N elements."""
+    def _mine(self, tensors):
+        """This rank's column of the tensors flattened in order, padded, laid out as [rows, N]."""
         flat = torch.cat([t.reshape(-1) for t in tensors])
-        pad = self.shard_numel * self.world_size - flat.numel()
-        return torch.cat([flat, flat.new_zeros(pad)])
+        flat = F.pad(flat, (0, self.rows * self.world_size - self.numel))
+        return flat.view(self.rows, self.world_size)[:, self.rank]
 
 
 class ShardHolder:
-    """Shards of every unit of `module` for an optimizer; the full model stays on every rank.
+    """Strided shards of the parameters of `module` for an optimizer; the full model stays.
 
     Args:
         module: an nn.Module identical on every rank (inside a rank of zerocourse.launch).
-
-    Units as in notebook 05: every module that owns parameters directly, a tied parameter in its
-    first owner's unit only.
     """
 
     def __init__(self, module):
         self.module = module
         world_size, rank = dist.get_world_size(), dist.get_rank()
-        seen, self.units = set(), []
-        for _, mod in module.named_modules():
-            new = [p for p in mod.parameters(recurse=False) if id(p) not in seen]
-            seen.update(id(p) for p in new)
-            if new:
-                self.units.append(HeldUnit(new, world_size, rank))
+        params = list(module.parameters())
+        self.units = [HeldUnit(params[i:i + PARAMS_PER_UNIT], world_size, rank)
+                      for i in range(0, len(params), PARAMS_PER_UNIT)]
 
     @torch.no_grad()
     def sync_grads(self) -> None:
-        """After backward: average the full gradients over ranks, keep this rank's slice as
-        each unit's grad_shard (params' dtype), and drop the full gradients (p.grad = None)."""
+        """After backward: average the full gradients over ranks, add this rank's elements to
+        grad_shard (as p.grad accumulates until zero_grad), drop the full gradients."""
         for unit in self.units:
             if all(p.grad is None for p in unit.params):
                 continue
             grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in unit.params]
-            flat = unit._flat(grads)                                 # [shard_numel * N]
+            flat = torch.cat([g.reshape(-1) for g in grads])
             # An all-reduce, not ZeRO's reduce-scatter: this holder is for testing optimizers.
             dist.all_reduce(flat)
             flat /= unit.world_size
-            k = unit.shard_numel
-            unit.grad_shard = flat[unit.rank * k:(unit.rank + 1) * k].clone()
+            mine = unit._mine([flat]).clone()
+            unit.grad_shard = mine if unit.grad_shard is None else unit.grad_shard + mine
             for p in unit.params:
                 p.grad = None
 
     @torch.no_grad()
     def load_shards(self) -> None:
-        """After the optimizer step: all-gather every unit's shard into the full parameters."""
+        """After the optimizer step: all-gather every shard back into its full parameters."""
         for unit in self.units:
-            shard = unit.shard.to(unit.params[0].dtype)
-            flat = shard.new_empty(unit.shard_numel * unit.world_size)   # [shard_numel * N]
-            dist.all_gather_single(flat, shard.contiguous())
-            offset = 0
+            dtype = unit.params[0].dtype
+            shard = unit.shard.to(dtype).contiguous()
+            columns = shard.new_empty(unit.world_size * unit.rows)           # [N * rows]
+            dist.all_gather_single(columns, shard)
+            flat = columns.view(unit.world_size, unit.rows).t().reshape(-1)   # back to flat order
+            a = 0
             for p in unit.params:
-                p.copy_(flat[offset:offset + p.numel()].view(p.shape))
-                offset += p.numel()
+                p.copy_(flat[a:a + p.numel()].view(p.shape))
+                a += p.numel()
 
     @torch.no_grad()
     def full_params(self) -> dict:
