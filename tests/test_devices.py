@@ -113,9 +113,11 @@ def test_a_collective_names_the_tensor_and_both_devices(probes):
 
 def test_results_come_back_on_the_cpu():
     from zerocourse.devices import to_cpu
-    value = {"a": [torch.ones(2, device="meta"), (torch.zeros(1),)], "b": 3}
+    value = {"a": [torch.ones(2), (torch.zeros(1),)], "b": 3}
     back = to_cpu(value)
     assert back["b"] == 3 and back["a"][1][0].device.type == "cpu"
+    with pytest.raises(RuntimeError, match=r"returned a tensor on meta \(float32\[2\]\)"):
+        to_cpu([torch.ones(2, device="meta")])
 
 
 def test_auto_stays_on_gloo_and_says_why_where_gpus_exist(monkeypatch, capsys):

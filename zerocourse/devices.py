@@ -156,7 +156,12 @@ def to_cpu(value):
     """A rank's return value with every tensor on the CPU (plain containers walked), so results
     come back to the notebook the same from a GPU rank as from a CPU one."""
     if isinstance(value, torch.Tensor):
-        return value.cpu() if value.device.type not in ("cpu", "meta") else value
+        if value.device.type == "meta":
+            raise RuntimeError(
+                f"the rank returned a tensor on meta ({_describe(value)}): under the course's device "
+                f"check a tensor created without device= lands there (on a GPU machine it would be "
+                f"on the CPU). Create it with device=zerocourse.rank_device().")
+        return value.cpu() if value.device.type != "cpu" else value
     if type(value) in (list, tuple):
         return type(value)(to_cpu(v) for v in value)
     if type(value) is dict:
