@@ -42,7 +42,6 @@ KNOWN = [
     ("C1", "notebooks/00_setup/00_setup.ipynb", "eight notebooks"),
     ("C1", "notebooks/00_setup/00_setup.ipynb", "07 | capstone"),
     ("C1", "notebooks/00_setup/00_setup.ipynb", "lists notebooks 00, 01, 02, 03, 04, 05, 06, 07"),
-    ("C3", "autograder/notes/05_zero3.md", "capstone (07"),
     # C5: run times the per-notebook notes state themselves (they point to WORKSHOP's table
     # once fixed; the integrator measures the notebooks into docs/measured.json at the end)
     ("C5", "autograder/notes/00_setup.md", "run time"),
