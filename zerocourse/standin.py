@@ -127,7 +127,7 @@ class StandInZeRO3(nn.Module):
         for shard in self._shards:
             piece = shard.value.detach().to(shard.param.dtype)
             everyone = piece.new_empty(piece.numel() * self._world_size)    # [per_rank * N]
-            dist.all_gather_into_tensor(everyone, piece.contiguous())
+            dist.all_gather_single(everyone, piece.contiguous())
             shard.param.data = everyone[:shard.numel].view(shard.shape)
         self._gathered = True
 
@@ -173,7 +173,7 @@ class StandInZeRO3(nn.Module):
         for shard in self._shards:
             piece = shard.value.detach().to(shard.param.dtype)
             everyone = piece.new_empty(piece.numel() * self._world_size)
-            dist.all_gather_into_tensor(everyone, piece.contiguous())
+            dist.all_gather_single(everyone, piece.contiguous())
             out[shard.name] = everyone[:shard.numel].view(shard.shape).clone()
         return out
 
