@@ -257,7 +257,7 @@ def to_dcp(src: str, dst: str) -> None:
     state = {key: Chunks(shapes[key], b) for key, b in boxes.items() if b}
     for name in index["params"]:
         if "optim.state." + name + ".exp_avg" in state:
-            state["optim.state." + name + ".step"] = torch.tensor(float(index["step"]))
+            state["optim.state." + name + ".step"] = torch.tensor(float(index["step"]), device="cpu")
     dcp.save(state, checkpoint_id=dst, no_dist=True)
 
 
@@ -292,14 +292,14 @@ def from_dcp(src: str, dst: str, names=None) -> None:
                 if span is None:
                     raise ValueError(f"{src}: chunk {tuple(chunk.offsets)}+{tuple(chunk.sizes)} of {key} "
                                      f"is not a contiguous range of the flattened tensor")
-                buf = torch.empty(tuple(chunk.sizes), dtype=keys[key].properties.dtype)
+                buf = torch.empty(tuple(chunk.sizes), dtype=keys[key].properties.dtype, device="cpu")
                 boxes.append((tuple(chunk.offsets), buf))
                 stored_in = meta.storage_data[_metadata_index(key, chunk.offsets)].relative_path
                 plan.append((name, key, stored_in, span, buf))
             request[key] = Chunks(md.size, boxes)
         step_key = f"optim.state.{name}.step"
         if step_key in keys and step is None:
-            request[step_key] = torch.zeros(())
+            request[step_key] = torch.zeros((), device="cpu")
             step = step_key
     dcp.load(request, checkpoint_id=src, no_dist=True)
     os.makedirs(dst, exist_ok=True)
