@@ -39,7 +39,7 @@ LOAD_COPY = ("            for key, target in targets.items():\n"
 OVERLAP = ("            a, b = max(start, lo), min(end, hi)\n"
            "            if a >= b:\n"
            "                continue                                         # nothing of mine in it\n")
-AGREE = "        dist.all_reduce(found, op=dist.ReduceOp.MAX)   # one flag for all: skip together\n"
+AGREE = "        dist.all_reduce(found, dist.ReduceOp.MAX)      # one flag for all: skip together\n"
 
 BUGS = {
     # bug: (edits, cells run, cells that must fail[, cells that must pass])
@@ -60,7 +60,7 @@ BUGS = {
     "A: the norm AFTER clipping returned": (
         [(CLIP, "    return total\n", "    return total * factor\n")], [A_CHECK], [A_CHECK]),
     "A: the inf norm all-reduced with SUM": (
-        [(CLIP, "        dist.all_reduce(total, op=dist.ReduceOp.MAX)\n", "        dist.all_reduce(total)\n")],
+        [(CLIP, "        dist.all_reduce(total, dist.ReduceOp.MAX)\n", "        dist.all_reduce(total)\n")],
         [A_HIDDEN], [A_HIDDEN]),
     "A: the factor not clamped at 1 (small gradients scaled up)": (
         [(CLIP, ".clamp(max=1.0)", "")], [A_HIDDEN], [A_HIDDEN]),

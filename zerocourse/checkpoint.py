@@ -49,14 +49,20 @@ import os
 
 import torch
 
-__all__ = ["INDEX", "read_index", "format_problems", "range_boxes", "to_dcp", "from_dcp",
-           "fsdp2_save", "fsdp2_load"]
+__all__ = ["INDEX", "read_file", "read_index", "format_problems", "range_boxes", "to_dcp",
+           "from_dcp", "fsdp2_save", "fsdp2_load"]
 
 INDEX = "index.pt"
 _STATE = ("master", "exp_avg", "exp_avg_sq")
 
 
 # ---- the course's format --------------------------------------------------------------------
+
+def read_file(folder: str, name: str):
+    """One file of a checkpoint folder, as plain data (torch.load with weights_only=True)."""
+    with open(os.path.join(folder, name), "rb") as f:
+        return torch.load(f, weights_only=True)
+
 
 def read_index(path: str) -> dict:
     """The checkpoint's index, with its structure checked.
@@ -70,7 +76,7 @@ def read_index(path: str) -> dict:
     if not os.path.isfile(file):
         raise ValueError(f"no {INDEX} in {path!r}: the save must write the index there")
     try:
-        index = torch.load(file, weights_only=True)
+        index = read_file(path, INDEX)
     except Exception as e:  # noqa: BLE001 - any unreadable file gets the same clear message
         raise ValueError(f"{file} is not a torch.save file of plain data: {type(e).__name__}: {e}") from None
     if not isinstance(index, dict) or set(index) != {"step", "params"}:
@@ -116,7 +122,7 @@ def format_problems(path: str) -> list:
         for fname, a, b in entry["chunks"]:
             if fname not in files:
                 try:
-                    files[fname] = torch.load(os.path.join(path, fname), weights_only=True)
+                    files[fname] = read_file(path, fname)
                 except Exception as e:  # noqa: BLE001
                     files[fname] = None
                     problems.append(f"{fname} (named in the index) cannot be read: {type(e).__name__}")
@@ -244,7 +250,7 @@ def to_dcp(src: str, dst: str) -> None:
         shape = tuple(entry["shape"])
         for fname, a, b in entry["chunks"]:
             if fname not in files:
-                files[fname] = torch.load(os.path.join(src, fname), weights_only=True)
+                files[fname] = read_file(src, fname)
             stored = files[fname][name]
             value = stored.get("master", stored["param"])       # the fp32 master if trainable
             pieces = {"model." + name: value}
@@ -318,10 +324,10 @@ def from_dcp(src: str, dst: str, names=None) -> None:
         else:
             entry[key.rsplit(".", 1)[1]] = flat
     # a chunk of the model key and of its moments share offsets: all land in one entry
+    out_files[INDEX] = {"step": int(request[step].item()) if step else 0, "params": params}
     for fname, content in out_files.items():
-        torch.save(content, os.path.join(dst, fname))
-    torch.save({"step": int(request[step].item()) if step else 0, "params": params},
-               os.path.join(dst, INDEX))
+        target = os.path.join(dst, fname)
+        torch.save(content, target)
 
 
 def _metadata_index(fqn, offsets):

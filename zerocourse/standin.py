@@ -67,7 +67,7 @@ class Shard:
         # How many of this rank's slots hold real elements (0 on a rank past the end).
         self._real = max(0, min(per_rank, self.numel - self._first))
         value = param.detach().new_zeros(per_rank)           # [per_rank], padding stays 0 here
-        value[:self._real] = param.detach().reshape(-1)[self._first:self._first + self._real]
+        value[:self._real] = param.detach().flatten()[self._first:self._first + self._real]
         # A leaf tensor, so that an optimizer can own it and its .grad (the gradient slice).
         self.value = nn.Parameter(value, requires_grad=self.requires_grad)
 
@@ -160,8 +160,8 @@ class StandInZeRO3(nn.Module):
                 by_dtype.setdefault(shard.param.grad.dtype, []).append(shard)
         for shards in by_dtype.values():
             everything = torch.cat([s.param.grad.reshape(-1) for s in shards])   # [sum numel]
-            dist.all_reduce(everything, op=dist.ReduceOp.SUM)
-            everything.div_(self._world_size)
+            dist.all_reduce(everything)                      # SUM
+            everything.mul_(1.0 / self._world_size)
             for s, part in zip(shards, everything.split([s.numel for s in shards])):
                 s._set_grad(part)
         self._release()
