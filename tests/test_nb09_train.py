@@ -103,6 +103,9 @@ BUGS = {
           "        if real == 0 or not shard.requires_grad:\n            continue\n")], [B_CHECK], [B_CHECK]),
     "C: found-inf not agreed (each rank skips or steps alone)": (
         [(SCALER, AGREE, "")], [C_CHECK], [C_CHECK]),
+    "C: found-inf all-reduced, but each rank decides on its own flag (ranks diverge)": (
+        [(SCALER, AGREE, "        mine = bool(found.item())\n" + AGREE),
+         (SCALER, "        self._found = bool(found.item())\n", "        self._found = mine\n")], [C_CHECK], [C_CHECK]),
     "C: padding counted in the inf check (NaN: every step skipped)": (
         [(SCALER, "                g = shard.grad[:min(width, max(0, shard.numel - rank * width))]\n",
           "                g = shard.grad\n")], [C_CHECK], [C_CHECK]),
