@@ -590,6 +590,10 @@ def main(argv=None) -> int:
         results["stages"], results["params"] = bench_stages()
     if "overlap" in parts:
         results["overlap"] = bench_overlap()
+    if "real" in parts or args.only == parser.get_default("only"):   # 09: zerocourse/bench_real.py
+        from zerocourse.bench_real import bench_real, print_real
+        results["real"] = bench_real()
+        print_real(results["real"])
     if "notebooks" in parts:
         results["notebooks"] = bench_notebooks()
         results["notebooks_total_s"] = round(sum(r["execute_s"] for r in results["notebooks"].values()), 2)
