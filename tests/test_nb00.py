@@ -35,10 +35,19 @@ BUGS = {
 }
 
 
+SUM_CELLS = ["setup-sum-of-ranks-check", "setup-sum-of-ranks-hidden"]
+MEAN_CELLS = ["setup-global-mean-check", "setup-global-mean-hidden"]
+
+
+def _cells_of(edits):
+    """The graded cells of the exercises a fixture edits (only those run: fewer launches)."""
+    return sorted({c for gid, _, _ in edits for c in (SUM_CELLS if "sum" in gid else MEAN_CELLS)})
+
+
 @pytest.mark.parametrize("bug", list(BUGS))
 def test_bug_is_caught(bug):
     edits, must_fail = BUGS[bug]
-    assert_bug_caught(AID, edits, None, must_fail)
+    assert_bug_caught(AID, edits, _cells_of(edits), must_fail)
 
 
 VALID = {
@@ -53,8 +62,44 @@ VALID = {
 
 @pytest.mark.parametrize("alt", list(VALID))
 def test_valid_alternatives_get_full_marks(alt):
-    results = grade_cells(AID, edits=VALID[alt])
-    assert all(err is None for err in results.values()), results
+    assert_full_marks(AID, edits=VALID[alt], only=_cells_of(VALID[alt]), cells=_cells_of(VALID[alt]))
+
+
+DEVICELESS_SUM = """
+def sum_of_ranks(rank, world_size):
+    t = torch.tensor([rank + 1.0])         # a learner who forgets the device: fine on gloo
+    dist.all_reduce(t)
+    return t.item()
+"""
+
+
+def test_device_proxy_names_a_learner_tensor_without_device():
+    """The device check (ZEROCOURSE_DEVICE_PROXY=1) turns a forgotten device into a clear error
+    naming the call and the tensor, as NCCL would refuse it; without the check (how learners are
+    graded on gloo) the same code gets full marks."""
+    only = ["setup-sum-of-ranks-check"]
+    err = grade_cells(AID, solutions={"setup-sum-of-ranks": DEVICELESS_SUM}, only=only,
+                      device_proxy=True)[only[0]]
+    assert err is not None and "all_reduce: argument 0 (float32[1]) is on meta" in err, err
+    assert "device=zerocourse.rank_device()" in err, err
+    assert_full_marks(AID, solutions={"setup-sum-of-ranks": DEVICELESS_SUM}, only=only, cells=only)
+
+
+def test_env_check_names_the_backend_launch_picks(monkeypatch):
+    import importlib
+    import torch
+    from zerocourse.env import backend_choice
+    backend, why = backend_choice(2)
+    assert backend == "gloo" and "no GPU" in why, why
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    backend, why = backend_choice(2)
+    assert backend == "gloo" and "make test-gpu" in why and "backend='nccl'" in why, why
+    backend, why = backend_choice(4)
+    assert backend == "gloo" and "one GPU per rank" in why, why
+    monkeypatch.setattr(importlib.import_module("zerocourse.launch"), "NCCL_VERIFIED", True)
+    backend, why = backend_choice(2)
+    assert backend == "nccl" and "cuda:r" in why, why
 
 
 def test_self_check_catches_a_tensor_result():

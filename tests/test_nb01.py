@@ -97,8 +97,9 @@ BUGS = {
         [("bpp-q1-answer", "answer_gpt2_gb = 24", "answer_gpt2_gb = 3"),
          ("bpp-q2-answer", "answer_zero2_bytes_n8 = 2 * 1.5e9 + 14 * 1.5e9 / 8",
           "answer_zero2_bytes_n8 = 5.625"),
-         ("bpp-q3-answer", "answer_zero1_limit_factor = 4", "answer_zero1_limit_factor = 8"),
-         ("bpp-q4-answer", "answer_min_stage_7_5b_n64 = 1", "answer_min_stage_7_5b_n64 = 2")],
+         # Q3's Adam answer (4) for SGD with momentum; Q4 the stage of 7.5B on 32 GB devices
+         ("bpp-q3-answer", "answer_zero1_limit_factor = 3", "answer_zero1_limit_factor = 4"),
+         ("bpp-q4-answer", "answer_min_stage_20b_n64 = 2", "answer_min_stage_20b_n64 = 1")],
         ["bpp-q1", "bpp-q2", "bpp-q3", "bpp-q4"]),
 }
 
@@ -171,9 +172,10 @@ def count_parameters(model, trainable_only=False):
     "answers computed with the learner's functions; max_num_params in closed form": {
         "bpp-q1-answer": "answer_gpt2_gb = model_state_bytes(1.5e9, 1, 0) / GB\n",
         "bpp-q2-answer": "answer_zero2_bytes_n8 = model_state_bytes(1.5e9, 8, 2)\n",
-        "bpp-q3-answer": "answer_zero1_limit_factor = 16 / 4\n",
-        "bpp-q4-answer": "answer_min_stage_7_5b_n64 = min(s for s in range(4) "
-                         "if model_state_bytes(7.5e9, 64, s) <= 32 * GB)\n",
+        "bpp-q3-answer": "answer_zero1_limit_factor = (model_state_bytes(1e9, 1, 0, optimizer='sgd_momentum')\n"
+                         "    / model_state_bytes(1e9, 10**9, 1, optimizer='sgd_momentum'))\n",
+        "bpp-q4-answer": "answer_min_stage_20b_n64 = min(s for s in range(4) "
+                         "if model_state_bytes(20e9, 64, s) <= 80 * GB)\n",
         MAX: '''
 def max_num_params(device_bytes, world_size, stage, precision="mixed", optimizer="adam"):
     return int(math.floor(device_bytes / model_state_bytes(1, world_size, stage, precision, optimizer)))
@@ -247,6 +249,37 @@ def test_memory_calculator_without_ipywidgets_draws_once(solution_fns, monkeypat
     assert "data:image/png;base64,iVBOR" in html
 
 
+# -- the whole budget (notebook 08 draws it with the learner's activation_bytes) ---------------
+
+def test_budget_breakdown_adds_activations_and_logits_to_the_states(solution_fns):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from zerocourse.widgets import budget_breakdown, draw_budget
+    _, msb, _ = solution_fns
+    calls = []
+
+    def per_block(batch, seq_len, n_embd, n_head, bytes_per_element=2):   # a stand-in, not 08's answer
+        calls.append((batch, seq_len, n_embd, n_head, bytes_per_element))
+        return 1000 * batch * seq_len
+
+    L, C, a, V, B, T, N = 36, 4096, 32, 50_257, 4, 2048, 64
+    psi = 12 * L * C**2 + V * C
+    got = budget_breakdown(msb, per_block, psi, N, L, C, a, V, B, T)
+    assert calls == [(B, T, C, a, 2)]
+    assert got["logits"] == B * T * V * 4 and round(got["logits"] / 1e9, 2) == 1.65
+    assert got["kept_inputs"] == L * B * T * C * 2
+    for s, row in enumerate(got["stages"]):
+        assert row["states"] == msb(psi, N, s)
+        assert row["without"] == L * got["block"] + got["logits"]
+        assert row["with"] == got["kept_inputs"] + got["block"] + got["logits"]
+    fig, ax = plt.subplots()
+    draw_budget(ax, got, device_bytes=32e9)
+    marks = [t.get_text() for t in ax.texts]
+    assert len(ax.patches) == 16 and len(marks) == 8 and all(m.endswith(("✅", "❌")) for m in marks)
+    plt.close(fig)
+
+
 # The self-checks alone (hidden tests removed, as the learner runs them) catch wrong units and a
 # float count: what the hidden tests fail, the learner sees ❌ for before submitting.
 SELF_CHECK = {
@@ -264,3 +297,12 @@ def test_self_check_catches(bug):
     from tests.harness import assert_bug_caught
     edits, must_fail = SELF_CHECK[bug]
     assert_bug_caught(AID, edits, must_fail, must_fail, visible_only=True)
+
+
+def test_quiz_self_checks_say_format_only():
+    """The quiz cells can only check the format before grading: they say so (☑), never ✅."""
+    from tests.fixtures.make_submission import load, source
+    cells = {c["metadata"]["nbgrader"]["grade_id"]: source(c) for c in load("notebooks", AID)["cells"]
+             if c.get("metadata", {}).get("nbgrader", {}).get("grade")}
+    for gid in ("bpp-q1", "bpp-q2", "bpp-q3", "bpp-q4"):
+        assert "format_only(" in cells[gid] and "passed(" not in cells[gid], gid

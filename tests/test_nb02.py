@@ -57,6 +57,15 @@ BUGS = {
         [("dp-train-step", "    optimizer.zero_grad()\n", "")], STEP, STEP, []),
     "no division, seen through dp_train_step": (
         [("dp-average-gradients", "p.grad /= world_size", "pass")], STEP, STEP, []),
+    # property 2: the parameters and the local loss are right, but every rank did the whole work
+    "backward on the whole global batch on every rank": (
+        [("dp-train-step", "    loss.backward()\n", "    loss_fn(model(inputs), targets).backward()\n")],
+        STEP, STEP, []),
+    # property 5 (and 3): the mean over ranks is not this rank's loss, and it costs a collective
+    "returns the global loss (one more all-reduce)": (
+        [("dp-train-step", "    return loss.detach()",
+          "    out = loss.detach().clone()\n    dist.all_reduce(out, op=dist.ReduceOp.AVG)\n    return out")],
+        STEP, STEP, []),
 }
 
 
@@ -148,3 +157,71 @@ VALID = {
 def test_valid_alternatives_get_full_marks(alt):
     solutions, only = VALID[alt]
     assert_full_marks(AID, solutions=solutions, only=only)
+
+
+# -- the device rule (issue 29): the proxy catches what NCCL would refuse ---------------------
+
+def test_device_proxy_catches_a_course_cell_that_forgets_the_device():
+    """A test helper that builds its model without the rank's device passes on gloo, and fails
+    under the device check (ZEROCOURSE_DEVICE_PROXY=1), as it would under NCCL."""
+    edits = [("dp-average-gradients-check", "model = ToyModel(unused=True, device=device)",
+              "model = ToyModel(unused=True)")]
+    only = ["dp-average-gradients-check"]
+    err = grade_cells(AID, edits=edits, only=only, device_proxy=True)[only[0]]
+    assert err is not None and "meta" in err, err
+    assert grade_cells(AID, edits=edits, only=only)[only[0]] is None
+
+
+DEVICELESS_FLAT_AVG = '''
+def average_gradients(model):
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    flat = torch.zeros(sum(g.numel() for g in grads))          # forgot device=: the CPU on a GPU box
+    offset = 0
+    for g in grads:
+        flat[offset:offset + g.numel()].copy_(g.reshape(-1))
+        offset += g.numel()
+    dist.all_reduce(flat)
+    flat /= dist.get_world_size()
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset:offset + g.numel()].view_as(g))
+        offset += g.numel()
+'''
+
+
+def test_device_proxy_names_the_tensor_of_a_learner_solution_that_forgets_the_device():
+    """A learner's flat buffer created without device= gets full marks on gloo (learners are not
+    graded on their device handling) and, under the device check, an error naming the call, the
+    tensor and the fix instead of NCCL's "Tensors must be CUDA and dense"."""
+    solutions = {"dp-average-gradients": DEVICELESS_FLAT_AVG}
+    err = grade_cells(AID, solutions=solutions, only=AVG[:1], device_proxy=True)[AVG[0]]
+    assert err is not None and "all_reduce: argument 0 (float32[1015]) is on meta" in err, err
+    assert "device=zerocourse.rank_device()" in err, err
+    assert_full_marks(AID, solutions=solutions, only=AVG, cells=AVG)
+
+
+# -- what the learner sees ---------------------------------------------------------------------
+
+def test_no_body_in_the_stub_and_the_skeleton_is_an_optional_fold():
+    from tests.fixtures.make_submission import load, source
+    cells = load("notebooks", AID)["cells"]
+    stub = next(source(c) for c in cells if c["metadata"].get("nbgrader", {}).get("grade_id") == "dp-shard-batch")
+    assert "batch[rank" not in stub and "rank * B" not in stub, stub
+    fold = next(source(c) for c in cells if "a skeleton, if you want one" in source(c))
+    assert fold.lstrip().startswith("<details>") and fold.rstrip().endswith("</details>")
+    # the step's text gives properties, not the recipe: the recipe is only in the fold
+    text = "".join(source(c) for c in cells if c["cell_type"] == "markdown" and "<details>" not in source(c))
+    assert "then `optimizer.zero_grad()`" not in text
+
+
+def test_show_fallback_is_one_line_of_information(capsys):
+    from zerocourse.widgets import show_fallback
+    line = show_fallback("the proof needs your dp_train_step", "its figure is skipped until it runs",
+                         NotImplementedError())
+    assert line == ("ℹ️ the proof needs your dp_train_step (not written yet): its figure is skipped "
+                    "until it runs.")
+    assert capsys.readouterr().out == line + "\n"
+    boom = RuntimeError("rank 1 failed with ValueError: bad shapes\n--- traceback from rank 1 ---\n...")
+    line = show_fallback("the suitcase needs your dp_train_step", "skipped", boom)
+    assert "\n" not in line and "RuntimeError: rank 1 failed with ValueError: bad shapes" in line
+    assert "traceback" not in line

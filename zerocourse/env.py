@@ -12,12 +12,45 @@ def _line(ok: bool | None, text: str) -> str:
     return f"{mark} {text}"
 
 
-def _ping(rank: int, world_size: int) -> int:
+def _ping(rank: int, world_size: int) -> tuple[int, str]:
     import torch
     import torch.distributed as dist
-    t = torch.ones(1)
+    from zerocourse.devices import rank_device
+    t = torch.ones(1, device=rank_device())          # the rank's device: NCCL takes GPU tensors only
     dist.all_reduce(t)
-    return int(t.item())
+    return int(t.item()), str(rank_device())
+
+
+def backend_choice(world_size: int = 2) -> tuple[str, str]:
+    """The backend `launch(fn, world_size)` picks by itself (backend="auto"), and why.
+
+    Args:
+        world_size: the number of ranks of the launch.
+    Returns:
+        ("gloo" or "nccl", one sentence saying why).
+    """
+    import contextlib
+    import io
+
+    import torch
+    from zerocourse.launch import pick_backend
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    # pick_backend says its choice once on stderr where GPUs are present; this line says it here.
+    with contextlib.redirect_stderr(io.StringIO()):
+        backend = pick_backend("auto", world_size)
+    if backend == "nccl":
+        why = (f"{gpus} GPUs, one per rank, and the course's NCCL path has passed `make test-gpu`: "
+               f"rank r creates its tensors on cuda:r")
+    elif not gpus:
+        why = "no GPU here, so CPU ranks over gloo: every notebook is written for this"
+    elif gpus < world_size:
+        why = (f"{gpus} GPU(s) for {world_size} ranks and NCCL needs one GPU per rank, so CPU ranks "
+               f"over gloo")
+    else:
+        why = (f"{gpus} GPU(s) found, but the course's NCCL path is only checked on CPU (the device "
+               f"proxy) until `make test-gpu` passes on a GPU, so CPU ranks over gloo; "
+               f"launch(fn, N, backend='nccl') tries NCCL, one GPU per rank")
+    return backend, why
 
 
 def check_environment(launch_ranks: int = 2, verbose: bool = True) -> dict[str, bool | None]:
@@ -27,7 +60,8 @@ def check_environment(launch_ranks: int = 2, verbose: bool = True) -> dict[str, 
         launch_ranks: ranks to start for the end-to-end check (0 skips it).
         verbose: print the lines.
     Returns:
-        {item: True (works) / False (broken) / None (optional, absent)}.
+        {item: True (works) / False (broken) / None (optional, absent)}; "backend_nccl" says
+        whether launch() would pick NCCL (else gloo; the printed line says why).
     """
     results: dict[str, bool | None] = {}
     lines = []
@@ -49,8 +83,11 @@ def check_environment(launch_ranks: int = 2, verbose: bool = True) -> dict[str, 
         nccl = dist.is_nccl_available() and gpus > 0
         results["nccl"] = True if nccl else None
         lines.append(_line(True if nccl else None,
-                           f"NCCL with {gpus} GPU(s): launch() uses it when there is one GPU per rank"
-                           if nccl else "no GPU/NCCL: every notebook runs on CPU ranks with gloo"))
+                           f"NCCL available with {gpus} GPU(s)" if nccl else
+                           "no GPU/NCCL: every notebook runs on CPU ranks with gloo"))
+        backend, why = backend_choice(max(launch_ranks, 1))
+        results["backend_nccl"] = backend == "nccl"
+        lines.append(_line(None, f"launch() picks {backend}: {why}"))
     except Exception as e:  # torch missing or broken: nothing else can work
         results["torch"] = False
         lines.append(_line(False, f"torch cannot be imported: {e}. Run `make lab` or "
@@ -72,10 +109,12 @@ def check_environment(launch_ranks: int = 2, verbose: bool = True) -> dict[str, 
             t0 = time.perf_counter()
             out = launch(_ping, launch_ranks, timeout=60)
             dt = time.perf_counter() - t0
-            ok = out == [launch_ranks] * launch_ranks
+            sums, devices = [s for s, _ in out], [d for _, d in out]
+            ok = sums == [launch_ranks] * launch_ranks
             results["launch"] = ok
             lines.append(_line(ok, f"launch(): {launch_ranks} ranks started, all-reduced and "
-                                   f"returned {out} in {dt:.2f} s"))
+                                   f"returned {sums} in {dt:.2f} s; rank_device() in the ranks: "
+                                   f"{', '.join(devices)}"))
         except Exception as e:
             results["launch"] = False
             lines.append(_line(False, f"launch() failed: {type(e).__name__}: {e}"))

@@ -1,4 +1,5 @@
-"""The memory calculator of notebook 01, and the static "four stages" figure it draws.
+"""The memory calculator of notebook 01, the static "four stages" figure it draws, the whole budget
+(model states + activations) that notebook 08 closes it with, and a one-line fallback note.
 
 Both take the LEARNER's functions as arguments and draw what they return; nothing here knows
 the per-stage formulas. The split of a bar into families comes from the learner's totals:
@@ -17,6 +18,11 @@ A wrong formula shows up as a bar whose pieces do not add up: the calculator the
 
 Without ipywidgets (a front end that has none), calc.widget is a static view of the same text
 and figure for the initial values.
+
+    budget = budget_breakdown(model_state_bytes, activation_bytes, Ψ, N, L, C, a, V, B, T)
+    draw_budget(ax, budget, device_bytes=32e9)   # states + activations, without/with checkpointing
+
+    show_fallback("the proof needs your dp_train_step", "its figure is skipped until it runs", e)
 """
 from __future__ import annotations
 
@@ -231,3 +237,116 @@ def memory_calculator(bytes_per_parameter, model_state_bytes, max_num_params, **
         a MemoryCalculator: display(calc.widget); calc.update(); calc.data; calc.figure.
     """
     return MemoryCalculator(bytes_per_parameter, model_state_bytes, max_num_params, **defaults)
+
+
+# --------------------------------------------------------------------------------------------------
+# Fallbacks that read as information
+
+def _reason(error: BaseException) -> str:
+    """A short reason for a failed demo: "not written yet" for a stub, else the error's first line."""
+    if isinstance(error, NotImplementedError) or "NotImplementedError" in str(error).split("\n", 1)[0]:
+        return "not written yet"
+    first = next((line.strip() for line in str(error).splitlines() if line.strip()), "")
+    return f"{type(error).__name__}: {first[:160]}" if first else type(error).__name__
+
+
+def show_fallback(missing: str, instead: str, error: BaseException | None = None) -> str:
+    """Say in one line what was not available and what is done instead; details behind a fold.
+
+    For a demo cell that needs something the learner has not written yet (or that this machine
+    lacks): the line reads as information, not as a crash, and the error's full text (a rank's
+    traceback) sits behind a "details" fold in a notebook, or is left out of a plain console.
+
+    Args:
+        missing: what was not available, e.g. "the proof needs your dp_train_step".
+        instead: what happens instead, e.g. "its figure is skipped until it runs".
+        error: the exception that said so, if any (its first line becomes the reason).
+    Returns:
+        the line shown.
+    """
+    import html
+    import traceback
+
+    line = f"ℹ️ {missing}" + (f" ({_reason(error)})" if error is not None else "") + f": {instead}."
+    try:
+        from IPython import get_ipython
+        from IPython.display import display
+        shell = get_ipython()
+    except ImportError:
+        shell = None
+    if shell is None or error is None:
+        print(line)
+        return line
+    details = "".join(traceback.format_exception(type(error), error, error.__traceback__))
+    display({"text/plain": line,
+             "text/html": f"<p>{html.escape(line)}</p><details><summary>details</summary>"
+                          f"<pre>{html.escape(details)}</pre></details>"}, raw=True)
+    return line
+
+
+# --------------------------------------------------------------------------------------------------
+# The whole budget: model states + activations (notebook 08 closes 01's "what fits" with it)
+
+def budget_breakdown(model_state_bytes, activation_bytes, num_params, world_size, n_layer, n_embd,
+                     n_head, vocab_size, batch, seq_len, bytes_per_element=2):
+    """Bytes ONE rank holds at stages 0..3 for a GPT: model states plus activations kept for
+    backward, without and with activation checkpointing.
+
+    Args:
+        model_state_bytes: the learner's notebook-01 formula, model_state_bytes(Ψ, N, stage).
+        activation_bytes: the learner's notebook-08 formula for ONE block,
+            activation_bytes(batch, seq_len, n_embd, n_head, bytes_per_element).
+        num_params, world_size: Ψ and N.
+        n_layer, n_embd, n_head, vocab_size: the GPT's blocks L, width C, heads a, vocabulary V.
+        batch, seq_len: B sequences of T tokens per rank (one micro-batch).
+        bytes_per_element: b of the activations (2 for bf16).
+    Returns:
+        {"stages": [{"states", "without", "with"} per stage: bytes of model states and of
+        activations], "block": one block's activations, "kept_inputs": what checkpointing keeps,
+        "logits": the loss's fp32 log-probabilities}. Without checkpointing a rank keeps every
+        block's activations; with it, each block's input, plus one block's activations while that
+        block is recomputed in backward. Both add the logits, B·T·V numbers of 4 bytes.
+    """
+    block = activation_bytes(batch, seq_len, n_embd, n_head, bytes_per_element)
+    kept_inputs = n_layer * batch * seq_len * n_embd * bytes_per_element   # (B, T, C) per block
+    logits = batch * seq_len * vocab_size * 4                               # fp32 log-softmax
+    without, with_ckpt = n_layer * block + logits, kept_inputs + block + logits
+    stages = [{"states": float(model_state_bytes(num_params, world_size, s)), "without": without,
+               "with": with_ckpt} for s in range(4)]
+    return {"stages": stages, "block": block, "kept_inputs": kept_inputs, "logits": logits}
+
+
+BUDGET_COLORS = {"states": "#1f77b4", "without": "#ff7f0e", "with": "#ffbb78"}
+
+
+def draw_budget(ax, budget, device_bytes=None, title=None, unit=GB):
+    """Two bars per stage (left: no checkpointing, right: checkpointing): model states, then
+    activations on top, the total written above with ✅ (fits the device) or ❌.
+
+    Args:
+        ax: a matplotlib Axes.
+        budget: budget_breakdown(...)'s dict.
+        device_bytes: if given, a dashed line at the device's memory (and the ✅/❌ marks).
+        title: the axes' title.
+        unit: bytes per unit of the y axis (GB = 1e9).
+    """
+    labels = {"without": "activations, no checkpointing", "with": "activations, checkpointing"}
+    for s, row in enumerate(budget["stages"]):
+        for j, kind in enumerate(("without", "with")):
+            x = s + 0.4 * j - 0.2
+            ax.bar(x, row["states"] / unit, 0.38, color=BUDGET_COLORS["states"],
+                   label="model states" if (s, j) == (0, 0) else None)
+            ax.bar(x, row[kind] / unit, 0.38, bottom=row["states"] / unit, color=BUDGET_COLORS[kind],
+                   label=labels[kind] if s == 0 else None)
+            total = row["states"] + row[kind]
+            mark = "" if device_bytes is None else (" ✅" if total <= device_bytes else " ❌")
+            ax.annotate(f"{total / unit:.3g}{mark}", (x, total / unit), ha="center", va="bottom",
+                        fontsize=7)
+    if device_bytes is not None:
+        ax.axhline(device_bytes / unit, color="crimson", linestyle="--",
+                   label=f"device memory ({device_bytes / unit:g} GB)")
+    ax.set_xticks(range(len(budget["stages"])), STAGE_NAMES[:len(budget["stages"])], rotation=10)
+    ax.set_xlabel("ZeRO stage (left bar: no checkpointing, right bar: checkpointing)")
+    ax.set_ylabel("bytes on one rank (GB)")
+    ax.set_title(title or "model states + activations on one rank")
+    ax.legend(loc="upper right", fontsize="small")
