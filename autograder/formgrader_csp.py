@@ -47,13 +47,13 @@ def handler_hashes() -> list[str]:
                           recursive=True):
         if os.path.isfile(path):
             with open(path, encoding="utf-8", errors="replace") as f:
-                found |= set(re.findall(r'\son[a-z]+="([^"{}]*)"', f.read()))
+                found |= set(re.findall(r'\son[a-z]+="([^"{}]*)"', f.read(), flags=re.I))
     return sorted("'sha256-%s'" % base64.b64encode(hashlib.sha256(h.encode()).digest()).decode()
                   for h in found)
 
 
 def policy(base_url: str, nonce: str | None, hashes: list[str]) -> str:
-    script = ["'self'"] + ([f"'nonce-{nonce}'"] if nonce else []) + \
+    script = ["'self'", "'unsafe-eval'"] + ([f"'nonce-{nonce}'"] if nonce else []) + \
         (["'unsafe-hashes'"] + hashes if hashes else [])
     return "; ".join([f"script-src {' '.join(script)}", "object-src 'none'", "base-uri 'self'",
                       "form-action 'self'",
