@@ -189,6 +189,8 @@ def clean_output(output: dict) -> list[str]:
                 kept[mime] = image
                 if _image_metadata(meta.get(mime)):
                     kept_meta[mime] = _image_metadata(meta.get(mime))
+                if meta.get(mime) not in (None, kept_meta.get(mime)):
+                    notes.append(f"{mime} metadata reduced to width, height, background")
         elif mime == "text/html":
             markup = _text(value)
             kept[mime] = clean_html(markup)
