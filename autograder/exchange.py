@@ -41,25 +41,26 @@ def account(uid: int) -> str:
 
 
 def owner_problem(entry: str, student: str, notebook: str) -> tuple[str, str] | None:
-    """(owner, why) when the inbound folder `entry` or its `notebook` is not the named
+    """(the entry's maker, why) when the inbound folder `entry` or its `notebook` is not the named
     `student`'s (nor the grading user's own), else None."""
     try:
         allowed = {pwd.getpwnam(student).pw_uid}
     except KeyError:
         allowed = set()
     allowed.add(os.geteuid())
+    maker = None                        # the entry folder's owner: who made the entry
     for path in (entry, os.path.join(entry, notebook)):
         try:
             st = os.lstat(path)
         except FileNotFoundError:
             continue                    # a missing notebook gets its own row from grade.py
+        maker = maker or account(st.st_uid)
         if st.st_uid not in allowed or (path == entry and not stat.S_ISDIR(st.st_mode)):
-            owner = account(st.st_uid)
             named = student if allowed - {os.geteuid()} else f"{student} (no such account)"
             what = "the entry" if path == entry else f"its {notebook}"
-            return owner, (f"refused: inbound entry {os.path.basename(entry)!r} names {named} "
-                           f"but {what} is owned by {owner}; only a learner's own account can "
-                           f"submit as that learner")
+            return maker, (f"refused: inbound entry {os.path.basename(entry)!r} names {named} "
+                           f"but {what} is owned by {account(st.st_uid)}; only a learner's own "
+                           f"account can submit as that learner")
     return None
 
 

@@ -530,6 +530,8 @@ def grade(submissions: str, out: str, timeout: float = 1200.0, sandbox: bool = T
 def _add_students(db_path: str, sids: list[str]) -> None:
     """Create the students' gradebook rows (parallel `autograde --create` calls would race)."""
     from nbgrader.api import Gradebook
+    if not sids:                        # nothing to grade (all refused): no gradebook needed
+        return
     with Gradebook("sqlite:///" + db_path) as gb:
         for sid in sids:
             gb.update_or_create_student(sid)
