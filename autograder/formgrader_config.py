@@ -19,5 +19,6 @@ _here = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(_here))         # autograder.* for the server's process
 load_subconfig(os.path.join(_here, "nbgrader_config.py"))  # noqa: F821
 
-c.HTMLExporter.preprocessors = ["autograder.sanitize.SanitizeLearnerContent"]
-c.ServerApp.jpserver_extensions.update({"autograder.formgrader_csp": True})
+from autograder.formgrader_csp import configure  # noqa: E402
+
+configure(c)

@@ -110,6 +110,13 @@ def make_transform(base_url: str, hashes: list[str]):
     return ContentSecurityPolicy
 
 
+def configure(c) -> None:
+    """The settings of a server that shows submissions (`make formgrader`, the hub's instructor):
+    formgrader's exporter sanitizes every notebook it renders, and this extension's policy."""
+    c.HTMLExporter.preprocessors = ["autograder.sanitize.SanitizeLearnerContent"]
+    c.ServerApp.jpserver_extensions.update({"autograder.formgrader_csp": True})
+
+
 def _jupyter_server_extension_points():
     return [{"module": "autograder.formgrader_csp"}]
 

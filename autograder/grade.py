@@ -38,7 +38,6 @@ import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from autograder import exchange  # noqa: E402
 from autograder.nbgrader_run import ROOT, assignments, nbgrader  # noqa: E402
 
 FIELDS = ["student_id", "assignment_id", "score", "max_score", "pending_manual", "status", "seconds"]
@@ -440,6 +439,7 @@ def grade(submissions: str, out: str, timeout: float = 1200.0, sandbox: bool = T
            "ZEROCOURSE_RELEASE_DIR": os.path.join(out, "release")}
     known = set(assignments())
     # Inbound entries not owned by the learner they name (autograder/exchange.py).
+    from autograder import exchange
     refused = exchange.refused_entries(submissions, lambda name: parse_inbound(name, known))
     work, paths = find_work(submissions, known, skip=set(refused))
     why_not = {key: _intake(submissions, *key, known, paths[key]) for key in work}

@@ -264,6 +264,7 @@ class SanitizeLearnerContent(Preprocessor):
     enabled = Bool(True).tag(config=True)   # nbconvert preprocessors are off by default
 
     def preprocess(self, nb, resources):
+        import nbformat
         for note in clean_notebook(nb):
             self.log.warning("sanitized: %s", note)
-        return nb, resources
+        return nbformat.from_dict(nb), resources    # attribute access again, for templates

@@ -244,3 +244,16 @@ def test_feedback_page_gets_its_csp_first():
     assert secured.index(FEEDBACK_CSP) < secured.index("<script")
     assert add_csp(secured) == secured
     assert "'unsafe-inline'" not in FEEDBACK_CSP and "script-src" in FEEDBACK_CSP
+
+
+def test_formgrader_exporter_configuration_sanitizes():
+    """The exporter as formgrader_csp.configure sets it up (c.HTMLExporter.preprocessors)."""
+    from nbconvert import HTMLExporter
+    from traitlets.config import Config
+    c = Config()
+    formgrader_csp.configure(c)
+    cells = [cell for name in ("html output, img onerror", "javascript output",
+                               "markdown img onerror") for cell in VECTORS[name]]
+    page, _ = HTMLExporter(config=c, template_name="lab").from_notebook_node(_notebook(cells))
+    assert M in page and _executable_marks(page.split("<body", 1)[1]) == []
+    assert "Shown as text by the grader" in page
