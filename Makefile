@@ -88,7 +88,7 @@ FORMGRADER_PORT ?= 8890
 formgrader: setup
 	@test -d "$(OUT)" -a -f "$(OUT)/gradebook.db" || { echo "usage: make formgrader OUT=dir (a folder make grade wrote: it holds gradebook.db)"; exit 2; }
 	cd "$(OUT)" && ZEROCOURSE_NBGRADER_ROOT="$$(pwd)" ZEROCOURSE_GRADEBOOK="sqlite:///$$(pwd)/gradebook.db" \
-	  "$(CURDIR)/$(VENV)/bin/jupyter" lab --config="$(CURDIR)/autograder/nbgrader_config.py" \
+	  "$(CURDIR)/$(VENV)/bin/jupyter" lab --config="$(CURDIR)/autograder/formgrader_config.py" \
 	  --port=$(FORMGRADER_PORT) --no-browser $$( [ "$$(id -u)" = 0 ] && echo --allow-root ) \
 	  --ServerApp.default_url=/formgrader
 

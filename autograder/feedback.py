@@ -54,3 +54,29 @@ def mark_pending(page: str, pending: dict[str, float]) -> str:
         page = re.sub(r"(<h4>[^<]*\(Score: [0-9.]+ / [0-9.]+)\)",
                       rf"\1; {total:g} points await manual grading)", page, count=1)
     return page
+
+
+# Feedback pages are files (opened from disk, an LMS, the learner's /files/): no server sends
+# them a header, so the policy travels in the page. Scripts only from the CDN nbconvert's
+# template loads MathJax from (its configuration block needs eval); nothing inline, no plugin.
+FEEDBACK_CSP = ("script-src https://cdnjs.cloudflare.com 'unsafe-eval'; object-src 'none'; "
+                "base-uri 'none'; form-action 'none'")
+
+
+def add_csp(page: str) -> str:
+    """Feedback HTML with a Content-Security-Policy <meta> first in its <head>: even content
+    the sanitizer (autograder/sanitize.py) missed cannot run a script there."""
+    import re
+    if FEEDBACK_CSP in page:
+        return page
+    meta = f'<meta http-equiv="Content-Security-Policy" content="{FEEDBACK_CSP}">'
+    page, n = re.subn(r"<head>", "<head>\n" + meta, page, count=1, flags=re.I)
+    return page if n else meta + "\n" + page
+
+
+def secure_page(path: str) -> None:
+    """Add the policy to the feedback page at `path`, in place."""
+    with open(path, encoding="utf-8") as f:
+        page = f.read()
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(add_csp(page))

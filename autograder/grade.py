@@ -270,7 +270,7 @@ def feedback(out: str, env: dict, aid: str, sids: list[str]) -> list[str]:
     """nbgrader's feedback for `sids` (hidden tests removed), pending answers marked;
     returns the students who got none."""
     from autograder import rubric
-    from autograder.feedback import mark_pending
+    from autograder.feedback import mark_pending, secure_page
     # Rubrics sit in the autograded notebooks for formgrader only: out while feedback is written.
     graded = [os.path.join(out, "autograded", sid, aid, f"{aid}.ipynb") for sid in sids]
     graded = [p for p in graded if os.path.exists(p)]
@@ -289,6 +289,7 @@ def feedback(out: str, env: dict, aid: str, sids: list[str]) -> list[str]:
         if not os.path.exists(page):
             missing.append(sid)
             continue
+        secure_page(page)               # a CSP <meta>: no script of the learner's runs there
         pending = pending_cells(db_path, aid, sid)
         if pending:
             with open(page, encoding="utf-8") as f:
@@ -357,14 +358,15 @@ def parse_inbound(name: str, known: set) -> tuple[str, str, str] | None:
     return None
 
 
-def find_work(submissions: str, known: set) -> tuple[list[tuple[str, str]], dict]:
+def find_work(submissions: str, known: set, skip=frozenset()) -> tuple[list[tuple[str, str]], dict]:
     """The (student, assignment) pairs under `submissions`, and where each notebook is.
 
     Two layouts: <student>/<assignment>/<assignment>.ipynb (make grade's own, and nbgrader's
     collected submitted/ folder), or the exchange's inbound/ folder, whose entries are
     <student>+<assignment>+<timestamp>+<random>/<assignment>.ipynb: the newest per pair wins.
+    Entries in `skip` (refused: autograder/exchange.py) are not considered.
     """
-    entries = sorted(e for e in os.listdir(submissions) if not e.startswith("."))
+    entries = sorted(e for e in os.listdir(submissions) if not e.startswith(".") and e not in skip)
     inbound = {}
     for e in entries:
         m = parse_inbound(e, known)
@@ -436,7 +438,10 @@ def grade(submissions: str, out: str, timeout: float = 1200.0, sandbox: bool = T
     env = {"ZEROCOURSE_NBGRADER_ROOT": out, "ZEROCOURSE_GRADEBOOK": f"sqlite:///{db_path}?timeout=120",
            "ZEROCOURSE_RELEASE_DIR": os.path.join(out, "release")}
     known = set(assignments())
-    work, paths = find_work(submissions, known)
+    # Inbound entries not owned by the learner they name (autograder/exchange.py).
+    from autograder import exchange
+    refused = exchange.refused_entries(submissions, lambda name: parse_inbound(name, known))
+    work, paths = find_work(submissions, known, skip=set(refused))
     why_not = {key: _intake(submissions, *key, known, paths[key]) for key in work}
 
     # Register assignments and students first, one at a time: parallel jobs then only add rows
@@ -506,7 +511,7 @@ def grade(submissions: str, out: str, timeout: float = 1200.0, sandbox: bool = T
         except BaseException:
             pool.shutdown(wait=True, cancel_futures=True)
             raise
-    rows.sort(key=lambda r: (r["student_id"], r["assignment_id"]))
+    rows = exchange.add_refusals(rows, refused, known)   # sorted by student, assignment
 
     graded = {}
     for row in rows:
@@ -525,6 +530,8 @@ def grade(submissions: str, out: str, timeout: float = 1200.0, sandbox: bool = T
 def _add_students(db_path: str, sids: list[str]) -> None:
     """Create the students' gradebook rows (parallel `autograde --create` calls would race)."""
     from nbgrader.api import Gradebook
+    if not sids:                        # nothing to grade (all refused): no gradebook needed
+        return
     with Gradebook("sqlite:///" + db_path) as gb:
         for sid in sids:
             gb.update_or_create_student(sid)

@@ -44,6 +44,9 @@ c.Autograde.autograde_preprocessors = [
     "nbgrader.preprocessors.SaveAutoGrades",
     "nbgrader.preprocessors.AssignLatePenalties",
     "nbgrader.preprocessors.CheckCellMetadata",
+    # Last, once scores are saved: OUT/autograded/, which formgrader shows, runs nothing in a
+    # browser (scripts, event handlers, javascript: URLs, iframes, active SVG removed).
+    "autograder.sanitize.SanitizeLearnerContent",
 ]
 
 c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE\nraise NotImplementedError()"}
@@ -54,5 +57,10 @@ c.GenerateFeedback.preprocessors = [
     "nbgrader.preprocessors.GetGrades",
     "nbgrader.preprocessors.ClearHiddenTests",
     "autograder.feedback.HideTestTracebacks",
+    "autograder.sanitize.SanitizeLearnerContent",
     "nbconvert.preprocessors.CSSHTMLHeaderPreprocessor",
 ]
+
+# The exchange (deploy/hub/): collect refuses an inbound entry that is not owned by the
+# learner it names, instead of nbgrader's warning (autograder/exchange.py).
+c.ExchangeFactory.collect = "autograder.exchange.OwnerCheckedCollect"

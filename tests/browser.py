@@ -82,9 +82,12 @@ class JupyterServer:
         log_path: where the server's output goes (a test artifact).
     """
 
-    def __init__(self, app: str, notebook_dir: str, log_path: str):
+    def __init__(self, app: str, notebook_dir: str, log_path: str, args: list[str] = (),
+                 env: dict | None = None):
+        """args: more command-line options (e.g. --config=...); env: more variables."""
         assert app in ("lab", "notebook"), app
         self.app, self.notebook_dir, self.log_path = app, notebook_dir, log_path
+        self.args, self.env = list(args), dict(env or {})
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc = None
@@ -102,11 +105,12 @@ class JupyterServer:
                    JUPYTER_CONFIG_DIR=os.path.join(self._home, "config"),
                    JUPYTER_RUNTIME_DIR=os.path.join(self._home, "runtime"),
                    JUPYTERLAB_SETTINGS_DIR=os.path.join(self._home, "settings"),
-                   JUPYTERLAB_WORKSPACES_DIR=os.path.join(self._home, "workspaces"))
+                   JUPYTERLAB_WORKSPACES_DIR=os.path.join(self._home, "workspaces"),
+                   **self.env)
         args = [os.path.join(BIN, "jupyter"), self.app, "--no-browser", "--ip=127.0.0.1",
                 f"--port={self.port}", "--ServerApp.port_retries=0", "--IdentityProvider.token=",
                 "--ServerApp.password=", f"--notebook-dir={self.notebook_dir}",
-                "--expose-app-in-browser"]
+                "--expose-app-in-browser", *self.args]
         if os.geteuid() == 0:
             args.append("--allow-root")
         log = open(self.log_path, "w")
@@ -190,9 +194,14 @@ class Browser:
         opts.binary_location = self.chromium
         for flag in CHROME_FLAGS + [f"--user-data-dir={self._profile}"]:
             opts.add_argument(flag)
+        opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})    # console: CSP reports
         self.driver = webdriver.Chrome(service=Service(self.chromedriver), options=opts)
         self.driver.set_script_timeout(30)
         return self
+
+    def console(self) -> list[str]:
+        """Console messages since the last call (Chromium's, e.g. "Refused to execute...")."""
+        return [e.get("message", "") for e in self.driver.get_log("browser")]
 
     def __exit__(self, *exc):
         if self.driver is not None:

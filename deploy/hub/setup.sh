@@ -138,11 +138,20 @@ cat > "$ROOT/jupyter/instructor/jupyter_server_config.json" <<JSON
 {"ServerApp": {"tornado_settings": {"headers": {"Content-Security-Policy": "frame-ancestors 'self'"}}},
  "MappingKernelManager": {"cull_idle_timeout": $CULL, "cull_interval": 120}}
 JSON
+# Its server shows submissions as `make formgrader` does: sanitized, under a CSP that runs no
+# inline script but the server's own (autograder/formgrader_csp.py).
+cat > "$ROOT/jupyter/instructor/jupyter_server_config.py" <<PY
+import sys
+sys.path.insert(0, "$REPO")
+from autograder.formgrader_csp import configure
+configure(get_config())
+PY
 chmod -R a+rX "$ROOT/jupyter"
 
 # --- the instructor's course folder: nbgrader's source/ is the course's solutions/ --------------
 mkdir -p "$COURSE/source"
 cp -r "$REPO"/solutions/*/ "$COURSE/source/"
+cp -r "$REPO/autograder/notes" "$COURSE/notes"      # the instructor's notes, readable only here
 cat > "$COURSE/nbgrader_config.py" <<PY
 c = get_config()
 # The course's own settings (stubs, timeouts, split grading, feedback without hidden tests)...
@@ -157,10 +166,12 @@ c.Exchange.root = "$ROOT/exchange"
 PY
 chown -R "$INSTRUCTOR:$INSTRUCTOR" "$COURSE"; chmod 700 "$COURSE"
 
-# --- the repository: learners run its .venv and zerocourse/, never read its solutions ---------
-# (modes saved, teardown restores them; the grading sandbox needs none of these folders)
+# --- the repository: learners run its .venv and zerocourse/, never read instructor material ---
+# solutions, tests (bug fixtures), history, the instructor notes (hidden-test tables, rubrics,
+# quiz answers; rubric.py reads them as root) and test artifacts (solved notebooks' outputs).
+# Modes saved, teardown restores them; no kernel imports anything from these folders.
 : > "$ROOT/repo-modes"
-for d in solutions tests .git .ci; do
+for d in solutions tests .git .ci autograder/notes artifacts; do
   [ -e "$REPO/$d" ] || continue
   stat -c '%a %n' "$REPO/$d" >> "$ROOT/repo-modes"
   chmod o-rwx "$REPO/$d"
