@@ -6,9 +6,9 @@ autograder/split_execute.py). The names the assignment asks for (`shard_bounds`,
 (autograder/learner_rpc.py) over a Unix socket:
 
 - a callable becomes a `LearnerCallable`: calling it runs the call in the learner's
-  kernel and returns the result decoded by `torch.load(weights_only=True)`, so only
-  plain data (numbers, strings, tensors, lists, tuples, dicts, Fraction) ever reaches
-  this kernel: no learner object, no forged `__eq__`, no code;
+  kernel and returns the result decoded by zerocourse.plain.decode, so only plain data
+  (numbers, strings, tensors rebuilt without attributes, lists, tuples, dicts, Fraction)
+  ever reaches this kernel: no learner object, no forged `__eq__`, no code;
 - sent to ranks (an argument of `launch`, or a global of a test helper), it pickles
   as the learner's real object, which only the (sandboxed) ranks unpickle; their
   results come back through the launcher's trusted mode (ZEROCOURSE_TRUSTED=1),
@@ -19,8 +19,6 @@ An error raised by learner code arrives as the builtin exception of the same nam
 """
 from __future__ import annotations
 
-import fractions
-import io
 import json
 import os
 import socket
@@ -39,10 +37,10 @@ class LearnerKernelError(RuntimeError):
 
 
 def decode(data: bytes):
-    """torch.save bytes -> plain data; anything else (code, custom classes) is refused."""
-    import torch
-    with torch.serialization.safe_globals([fractions.Fraction]):
-        return torch.load(io.BytesIO(data), weights_only=True)
+    """torch.save bytes -> plain data, rebuilt; anything else (code, custom classes, tensors
+    carrying attributes) is refused (zerocourse/plain.py: the one decoder of the grader)."""
+    from zerocourse.plain import decode as plain_decode
+    return plain_decode(data)
 
 
 class _Client:

@@ -194,3 +194,18 @@ def test_feedback_marks_pending_manual_answers():
     assert "Score: 0.0 / 4.0" not in out
     assert out.count("awaiting manual grading (4 points)") == 2
     assert "(Score: 5.0 / 9.0; 4 points await manual grading)" in out
+
+
+def test_decode_rebuilds_tensors_without_their_attributes():
+    """weights_only restores a tensor's __dict__: `detach = torch.Tensor` made check_close
+    compare nothing (3/7 became 7/7). The one decoder rebuilds every tensor by copy."""
+    from zerocourse.plain import PlainDataError
+    t = torch.zeros(3)
+    t.detach, t.note = torch.Tensor, "forged"
+    got = verdict.decode(_saved({"mean": t, "p": torch.nn.Parameter(torch.ones(2))}))
+    assert type(got["mean"]) is torch.Tensor and got["mean"].__dict__ == {}
+    assert type(got["p"]) is torch.Tensor and torch.equal(got["p"], torch.ones(2))
+    for bad, name in (({1, 2}, "set"), (torch.device("cpu"), "torch.device"),
+                      (torch.zeros(3).to_sparse(), "sparse"), (torch.zeros(2, device="meta"), "meta")):
+        with pytest.raises(PlainDataError, match=name):
+            verdict.decode(_saved(bad))
