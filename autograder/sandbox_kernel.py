@@ -229,8 +229,9 @@ def main() -> None:
     env = kernel_env(os.environ)
     if role == "verdict" and os.environ.get("ZC_RANK_HOST", "1") != "0":
         env["ZEROCOURSE_RANK_HOST_FD"] = str(start_rank_host(dict(os.environ)))
-    tail = [sys.executable, *python_flags(), "-m", "ipykernel_launcher",
-            "--HistoryManager.enabled=False", *args]
+    history = [] if any(a.startswith("--HistoryManager.enabled") for a in args) else \
+        ["--HistoryManager.enabled=False"]
+    tail = [sys.executable, *python_flags(), "-m", "ipykernel_launcher", *history, *args]
     cmd = bwrap_command(tail, dict(os.environ), role, data_fd)
     os.execvpe(cmd[0], cmd, env)
 
