@@ -357,10 +357,20 @@ class SplitExecute(Execute):
             cell.outputs = list(cell.get("outputs", []))[:50] + [nbformat.v4.new_output(
                 "error", ename="OutputLimitError", evalue=why, traceback=[])]
 
+    def _absorb_interrupt(self, client) -> None:
+        """After a cell the grader interrupted for its output: a late interrupt lands here,
+        in a cell of the grader's, never in the learner's next cell."""
+        try:
+            self._hidden(client, "import time\ntime.sleep(0.5)", what="settle", timeout=SETTLE_S)
+        except Exception:  # noqa: BLE001 - an interrupt (or a dead kernel: handled later)
+            pass
+
     def _run_learner(self, cell, index: int) -> None:
         try:
             self.preprocess_cell(cell, self.resources, index)
             self._note_cap(cell, index)
+            if index in self._capped:
+                self._absorb_interrupt(self)
             self._done_a.append(index)
         except (CellTimeoutError, DeadKernelError) as e:
             died = isinstance(e, DeadKernelError)
@@ -450,6 +460,8 @@ class SplitExecute(Execute):
                 traceback=[])]
             self._verdict._cleanup_kernel()
             self._start_verdict()
+        if self._verdict.capped:
+            self._absorb_interrupt(self._verdict)
         outputs = list(run.get("outputs", []))
         errored = any(o.get("output_type") == "error" for o in outputs)
         text = "".join(o.get("text", "") for o in outputs if o.get("output_type") == "stream")

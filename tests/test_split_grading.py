@@ -209,3 +209,47 @@ def test_decode_rebuilds_tensors_without_their_attributes():
                       (torch.zeros(3).to_sparse(), "sparse"), (torch.zeros(2, device="meta"), "meta")):
         with pytest.raises(PlainDataError, match=name):
             verdict.decode(_saved(bad))
+
+
+class _FakeVerdict:
+    """Stands for the verdict kernel: `prints(source, nonce)` says what the cell printed."""
+
+    capped = None
+
+    def __init__(self, prints):
+        self.prints = prints
+
+    def execute_cell(self, cell, index, store_history=True):
+        import re
+        nonce = re.search(r"_zcv\.completed\('([0-9a-f]+)'\)", cell.source).group(1)
+        text = self.prints(cell.source, nonce)
+        cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text=text)] if text else []
+
+
+@pytest.mark.parametrize("prints, scores", [
+    (lambda src, nonce: f"✅ right\n[zc-completed {nonce}]\n", True),
+    (lambda src, nonce: "", False),                                   # silence
+    (lambda src, nonce: "✅ right\n", False),                          # no completion record
+    (lambda src, nonce: f"[zc-completed {'0' * 24}]\n✅ right\n", False),  # another cell's nonce
+    (lambda src, nonce: f"[zc-completed {nonce}]\n", False),           # its passed() printed nothing
+], ids=["completed", "silent", "no-record", "wrong-nonce", "no-tick"])
+def test_silence_is_not_a_pass(prints, scores):
+    """A graded cell scores only when its source ran to its end in the verdict kernel (the
+    cell's own nonce) and, when it calls passed() at top level, with the ✅ it prints."""
+    ep = split_execute.SplitExecute()
+    ep._verdict, ep._verdict_ready, ep._course, ep._defined = _FakeVerdict(prints), True, [], 0
+    cell = nbformat.v4.new_code_cell("check_true(True, 'x')\npassed('right')", metadata={
+        "nbgrader": {"grade": True, "solution": False, "grade_id": "t", "points": 2}})
+    ep._run_test(cell)
+    assert (_determine_grade(cell.outputs) == 3) == scores, cell.outputs
+    assert not any("zc-completed" in o.get("text", "") for o in cell.outputs)
+
+
+def test_a_cell_without_passed_needs_only_its_completion():
+    ep = split_execute.SplitExecute()
+    ep._verdict = _FakeVerdict(lambda src, nonce: f"[zc-completed {nonce}]\n")
+    ep._verdict_ready, ep._course, ep._defined = True, [], 0
+    cell = nbformat.v4.new_code_cell("if True:\n    passed('only sometimes')", metadata={
+        "nbgrader": {"grade": True, "solution": False, "grade_id": "t", "points": 1}})
+    ep._run_test(cell)
+    assert _determine_grade(cell.outputs) == 3

@@ -832,6 +832,8 @@ def _launch_once(spec: dict, world_size: int, timeout: float, deadline: float, o
     from zerocourse import _rank, footprint
     tmpdir = hosted.new_folder() if hosted is not None else tempfile.mkdtemp(prefix="zerocourse-launch-")
     spec = dict(spec, store=os.path.join(tmpdir, "store"), tmpdir=tmpdir)
+    if hosted is not None:
+        spec["cwd"] = tmpdir                # a hosted rank's cwd and HOME: the launch's folder
     ctx = hosted.context if hosted is not None else _context()
     ranks: list[_Rank] = []
     try:
