@@ -239,6 +239,7 @@ class SplitExecute(Execute):
         self._verdict.resources = self.resources
         t0 = time.monotonic()
         spent = {"learner": 0.0, "tests": 0.0}
+        per_cell: list[tuple[float, int]] = []
         self._start_learner()
         self._phases["learner kernel start"] = time.monotonic() - t0
         try:
@@ -257,6 +258,7 @@ class SplitExecute(Execute):
                     else:
                         self._run_learner(cell, index)
                         spent["learner"] += time.monotonic() - t
+                    per_cell.append((time.monotonic() - t, index))
             finally:
                 t = time.monotonic()
                 self._verdict._cleanup_kernel()
@@ -268,6 +270,8 @@ class SplitExecute(Execute):
                       time.monotonic() - t0, spent["learner"], spent["tests"])
         self.log.info("split grading phases: %s", ", ".join(
             f"{k} {v:.2f} s" for k, v in self._phases.items()))
+        self.log.info("split grading: slowest cells %s", ", ".join(
+            f"#{i} {d:.1f} s" for d, i in sorted(per_cell, reverse=True)[:5]))
         self.set_widgets_metadata()
         return self.nb, self.resources
 

@@ -3,11 +3,17 @@
 One `make grade` run grades a second battery of 00_setup submissions beside the one in
 tests/test_grading.py: each tries to raise its own score (IPython hooks, input transformers,
 exception handlers, a replaced tamper guard, patched torch, forged `__eq__`, a fake answer
-server), to read or leak what it must not (hidden tests, secrets), to escape or to harm
-another student (kernelspecs, globbing ids, symlinks), or to stop the class (a notebook
-nested 100,000 deep, an uninterruptible cell, killing every process it can). The tests
-assert each exact score and status, that feedback shows no hidden-test text, that no
-other student's gradebook rows changed, and that nothing outside the submission changed.
+server, a tensor whose own attribute replaces a method the checks call), to read or leak what
+it must not (hidden tests, secrets, instructor notes, the verdict kernel's history, grader
+paths), to escape or to harm another student (kernelspecs, globbing ids, symlinks, links to
+the gradebook, startup code planted for a restart), to reach the verdict kernel from its ranks
+(planted startup code, killing what it can, forged frames to the rank host, a daemon left
+behind), or to stop the class (a notebook nested 100,000 deep, an uninterruptible cell,
+killing every process it can, a 200 MB message, cells over the output cap, 3 GiB written
+wherever it can). The tests assert each exact score and status, that feedback shows no
+hidden-test or notes text, that no other student's gradebook rows changed, that nothing
+outside the submission changed, and each attack's own evidence (what a probe printed, the
+caps' notes in the cells).
 """
 import hashlib
 import html
@@ -397,20 +403,20 @@ def _blank_sum(code: str) -> dict:
     return nb
 
 
-def _connection_links(out, subs):
-    nb = _sol()
-    return _cell_after(nb, MEAN, CONNECTION_LINKS % os.path.join(out, "gradebook.db"))
-
-
-def _restart_fresh(out, subs):
+def _restart_links(out, subs):
+    """Links to the gradebook and planted startup code, its kernel killed; then a cell that
+    breaks global_mean if the restarted kernel found any of it (fresh folders: it finds none)."""
     nb = _cell_after(_sol(), MEAN, RESTART_CHECK)
-    return _cell_after(nb, MEAN, RESTART_PLANT)      # plant and kill, then the check
+    kill = (CONNECTION_LINKS % os.path.join(out, "gradebook.db")).replace(
+        "os.kill(os.getpid(), signal.SIGKILL)", "")
+    return _cell_after(nb, MEAN, kill + RESTART_PLANT)
 
 
-def _grader_paths(out, subs):
+def _thieves(out, subs):
     probe = GRADER_PATHS % ([str(out), os.path.join(str(out), "gradebook.db"), os.path.join(str(out), "release")],)
-    return _sol(_before(SUM, probe), (SUM, "return int(t.item())",
-                                      "return int(t.item()) if not _seen else -1"))
+    nb = _sol(_after(MEAN, NOTES_READER), (SUM, "t = torch.tensor", RANK_THIEF + "    t = torch.tensor"))
+    nb = _cell_after(nb, MEAN, probe)
+    return _with_cell(nb, HISTORY_PRINT, at=len(nb["cells"]))
 
 
 # student -> (builder(out, subs), expected score, text the status must contain)
@@ -444,24 +450,24 @@ HOSTILE = {
                         7, "graded"),
     # Issue 25 (part 3): the verdict side runs no learner code, root never acts on a path a
     # sandbox writes, plain data is plain, instructor material is out of reach, limits are
-    # per submission (see autograder/README.md's threat model).
+    # per submission (see autograder/README.md's threat model). Several attacks with the same
+    # fair score share a submission (each one would cost points if it worked; the tests
+    # below also check each one's own evidence).
     "rank-plants-startup": (lambda o, s: _blank_sum(PLANT_AND_KILL), 3, "graded"),
-    "connection-links": (_connection_links, 7, "graded"),
-    "history-thief": (lambda o, s: _with_cell(_sol((SUM, "t = torch.tensor", RANK_THIEF + "    t = torch.tensor")),
-                                              HISTORY_PRINT, at=len(load("notebooks", AID)["cells"])),
-                      7, "graded"),
     "forged-tensor": (lambda o, s: _sol((MEAN, "def global_mean", FORGED_TENSOR + "\ndef _unused_global_mean")),
                       3, "graded"),
-    "notes-reader": (lambda o, s: _sol(_after(MEAN, NOTES_READER),
-                                       (SUM, "t = torch.tensor", RANK_THIEF + "    t = torch.tensor")), 7, "graded"),
-    "byte-flood": (lambda o, s: _cell_after(_cell_after(_sol(), MEAN, BYTE_FLOOD), MEAN, CELL_FLOOD), 7, "graded"),
-    "cell-floods": (lambda o, s: _sol(*[_after(MEAN, CELL_FLOOD)], _after(SUM, CELL_FLOOD)), 7, "graded"),
-    "disk-filler": (lambda o, s: _sol(_after(MEAN, DISK_FILLER)), 7, "graded"),
-    "rank-daemon": (lambda o, s: _sol((SUM, "t = torch.tensor", RANK_DAEMON + "    t = torch.tensor")), 7, "graded"),
-    "rank-kills-all": (lambda o, s: _sol((SUM, "t = torch.tensor", RANK_KILLS_ALL + "    t = torch.tensor")), 7, "graded"),
-    "rank-forges-frames": (lambda o, s: _sol((SUM, "t = torch.tensor", RANK_FORGES + "    t = torch.tensor")), 7, "graded"),
-    "grader-paths": (_grader_paths, 7, "graded"),
-    "restart-fresh-folders": (_restart_fresh, 7, "graded"),
+    # history, the answer socket, instructor notes, grader paths: from a rank and from the kernel
+    "thieves": (_thieves, 7, "graded"),
+    # a rank forges the host's frames, kills every process it may signal, leaves a daemon
+    "rank-attacks": (lambda o, s: _sol((SUM, "t = torch.tensor",
+                                        RANK_FORGES + "    " + RANK_KILLS_ALL + "    " + RANK_DAEMON +
+                                        "    t = torch.tensor")), 7, "graded"),
+    # one 200 MB message, two cells over the 4 MiB cap, 3 GiB written wherever it can
+    "floods-and-fills": (lambda o, s: _cell_after(_cell_after(
+        _sol(_after(MEAN, CELL_FLOOD), _after(SUM, CELL_FLOOD)), MEAN, DISK_FILLER), MEAN, BYTE_FLOOD),
+        7, "graded"),
+    # links to the gradebook in its folders, startup code in HOME, then its kernel killed
+    "restart-links": (_restart_links, 7, "graded"),
     "zz-victim": (lambda o, s: _sol(), 7, "graded"),     # graded after every attack above
 }
 # Folders whose names are refused before nbgrader sees them (globs, options, spaces).
@@ -581,27 +587,25 @@ def test_nothing_of_the_grader_reaches_a_kernel(graded):
     """The learner kernel finds no instructor notes, no grader path in any environment it can
     read, no history of the verdict kernel (issue 25, items 1, 2, 6)."""
     _, out, *_ = graded
-    assert "NOTES []" in _outputs(out, "notes-reader")
-    assert "GRADER-PATHS []" in _outputs(out, "grader-paths")
-    assert "history.sqlite" not in _outputs(out, "history-thief")
+    text = _outputs(out, "thieves")
+    assert "NOTES []" in text and "GRADER-PATHS []" in text and "history.sqlite" not in text
 
 
 def test_floods_are_capped_per_cell_and_per_notebook(graded):
     """A 200 MB message and cells of 5 MB each: the autograded notebook and the feedback stay
     small, and the capped cells say why (issue 25, item 8)."""
     _, out, *_ = graded
-    for student in ("byte-flood", "cell-floods"):
-        nb = out / "autograded" / student / AID / f"{AID}.ipynb"
-        page = out / "feedback" / student / AID / f"{AID}.html"
-        assert nb.stat().st_size < 12 << 20 and page.stat().st_size < 12 << 20, student
-    assert "went over 4 MiB: the grader stopped the cell" in _outputs(out, "cell-floods")
+    nb = out / "autograded" / "floods-and-fills" / AID / f"{AID}.ipynb"
+    page = out / "feedback" / "floods-and-fills" / AID / f"{AID}.html"
+    assert nb.stat().st_size < 12 << 20 and page.stat().st_size < 12 << 20
+    assert _outputs(out, "floods-and-fills").count("went over 4 MiB: the grader stopped the cell") == 2
 
 
 def test_writable_folders_are_size_limited(graded):
     """3 GiB written wherever the learner kernel can write: no folder took more than its
     tmpfs allows (the kernel's /tmp: 256 MiB)."""
     _, out, *_ = graded
-    wrote = int(re.search(r"WROTE (\d+)", _outputs(out, "disk-filler")).group(1))
+    wrote = int(re.search(r"WROTE (\d+)", _outputs(out, "floods-and-fills")).group(1))
     assert 0 < wrote <= 256 << 20, wrote
 
 

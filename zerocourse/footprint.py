@@ -40,9 +40,44 @@ which the rank's code cannot reach:
 What it proves and what it cannot: code inside a rank cannot change these figures, nor hide
 memory from them (another process of its own is counted; a peer rank is measured too; a
 file goes to a size-limited tmpfs that is counted). It CAN choose when the course's marks
-are sent (it runs in the same process as the test helper that calls mark()): a check reads
-the marks a helper places between steps, and should also require the traffic a real step
-causes between them (`sent`). The notebooks' memory tests say which points rest on this.
+are sent (it runs in the same process as the test helper that calls mark()), so a check
+- requires every mark it placed (a rank that makes marks vanish fails),
+- reads held bytes at marks placed between steps, against an upper bound (persistent state
+  cannot be hidden below the minimum between steps),
+- requires between consecutive step marks the traffic a real step causes (`sent`), so a
+  mark sent before the state exists needs traffic forged too,
+- ends the helper with a dist.barrier() after its last mark, so no peer tears its sockets
+  down while a rank is still being measured.
+Measured on this course's 2-core CI machine under load (tests/test_rank_host.py): with a
+4M-parameter fp32 model at N=2, an Adam-like state (12 bytes per parameter) held sharded
+reads 24.2-24.4 MB above the model, held whole 48.2-48.5 MB, and the model itself 16.1-16.5 MB
+(16.0 MB of parameters): the noise is under 0.6 MB. A check needs Ψ large enough that the
+state sharding removes (12Ψ(N-1)/N bytes for Adam) is many times a margin of ~2 MB: Ψ of a
+few million parameters, a launch of well under a second per step.
+
+A memory test cell, for example (the bound is the notebook's own formula):
+
+    def _held_between_steps(rank, world_size):
+        import torch.distributed as dist
+        from zerocourse.footprint import mark
+        model = BigEnoughModel(device=rank_device())      # Ψ of a few million
+        mark("model")
+        optimizer = LearnersOptimizer(model.parameters())
+        for _ in range(3):
+            loss_of(model).backward()
+            optimizer.step()
+            mark("step")
+        dist.barrier()
+        return None
+
+    launch(_held_between_steps, 2)
+    for rank, figures in enumerate(last_launch()):
+        steps, model = held_at(figures, "step"), held_at(figures, "model")
+        check_true(len(steps) == 3 and len(model) == 1, "the rank was measured at every step", rank=rank)
+        sent = sent_at(figures, "model") + sent_at(figures, "step")
+        check_true(all(b - a >= min_bytes_per_step for a, b in zip(sent, sent[1:])), ...)
+        check_true(min(steps) <= bound + 2e6, "bytes held between steps (measured outside the rank)",
+                   f"{min(steps)} B", rank=rank)
 """
 from __future__ import annotations
 
@@ -295,9 +330,11 @@ class RankMeter:
             self._sent[s["inode"]] = max(self._sent.get(s["inode"], 0), s["sent"])
         return mine
 
-    def sample(self) -> tuple[int, int]:
+    def sample(self, alone: bool = False) -> tuple[int, int]:
+        """(held, sent) of the rank now; `alone`: it has started no process yet (its start:
+        no scan of the machine's /proc, which costs milliseconds under load)."""
         # The processes: the rank's tree (or its uid's) from /proc, unless its cgroup counts them.
-        pids = self._pids(_process_table()) if self.cgroup is None else [self.pid]
+        pids = self._pids(_process_table()) if self.cgroup is None and not alone else [self.pid]
         mine = self.see_sockets(tcp_sockets(), pids)
         if self.cgroup is not None:
             try:
@@ -313,7 +350,7 @@ class RankMeter:
         """The rank marked `label` (and waits): record its figures since its start."""
         if self._start is not None and label == START:
             return                          # only the rank's first mark is its start
-        held, sent = self.sample()
+        held, sent = self.sample(alone=self._start is None)
         lo = loopback_bytes() if self.netns_total else None
         if self._start is None:             # the launcher's own first mark, before user code
             self._start = (held, sent, lo)
