@@ -27,8 +27,8 @@ functions return, which the tests then judge. Also here:
   the cell's own check prints a ✅ (a top-level passed(...)), with that ✅;
 - output is capped in bytes (ZEROCOURSE_CELL_OUTPUT_BYTES per cell, 4 MiB, and
   ZEROCOURSE_NOTEBOOK_OUTPUT_BYTES per notebook, 16 MiB): past it the cell is stopped,
-  the rest of its output dropped and the reason recorded in the cell; a single message
-  over 32 MiB is dropped by the socket itself. nbgrader never buffers a flood;
+  the rest of its output dropped as it arrives (never buffered) and the reason recorded
+  in the cell; a single huge message is bounded by the submission's memory cgroup;
 - IPython's history is off in both kernels (nbclient keeps it only for "python3"), so no
   test cell is ever written to a kernel's disk;
 - each phase's time is in the grader's log ("split grading: ...").
@@ -64,7 +64,6 @@ _CHECK_LINE = re.compile(r"^\s*(✅|❌)")
 # Bytes of output a cell, and a whole notebook, may produce before the grader stops it.
 CELL_OUTPUT_BYTES = int(os.environ.get("ZEROCOURSE_CELL_OUTPUT_BYTES", 4 << 20))
 NOTEBOOK_OUTPUT_BYTES = int(os.environ.get("ZEROCOURSE_NOTEBOOK_OUTPUT_BYTES", 16 << 20))
-MAX_MESSAGE_BYTES = 32 << 20
 # Options of both kernels: no history file (it would hold the hidden tests).
 KERNEL_ARGS = ["--HistoryManager.enabled=False"]
 
@@ -221,6 +220,7 @@ class SplitExecute(Execute):
         self._names = asked_names(release, [c for c in nb.cells if is_test(c)])
         self._phases = {"release parse": time.monotonic() - t_parse}
         self._out_total = 0
+        self._cell_bytes: dict = {}         # cell index -> bytes of output so far
         self._capped: dict = {}             # cell index -> why its output was cut
         rpc_dir = os.environ.get("ZEROCOURSE_RPC_DIR") or tempfile.mkdtemp(prefix="zcrpc-")
         self._socket = os.path.join(rpc_dir, "learner.sock")
@@ -285,7 +285,6 @@ class SplitExecute(Execute):
             self.km = self.create_kernel_manager()
         self.start_new_kernel(**self._output_kwargs())
         self.start_new_kernel_client()
-        _cap_messages(self.kc)
         info = self.wait_for_reply(self.kc.kernel_info())
         self.nb.metadata["language_info"] = info["content"]["language_info"]
         boot = (f"def _zc_boot():\n"
@@ -334,15 +333,18 @@ class SplitExecute(Execute):
         return super().process_message(msg, cell, cell_index)
 
     def _over_cap(self, n: int, cell_index: int) -> str | None:
-        counts = self.__dict__.setdefault("_cell_bytes", {})
-        counts[cell_index] = counts.get(cell_index, 0) + n
-        self._out_total += n
-        if counts[cell_index] > CELL_OUTPUT_BYTES:
+        """Why this message of `n` bytes is dropped (its cell or the notebook would go over
+        its cap), or None; only what is kept counts toward the notebook's total."""
+        if cell_index in self._capped:
+            return self._capped[cell_index]
+        if self._cell_bytes.get(cell_index, 0) + n > CELL_OUTPUT_BYTES:
             return (f"this cell's output went over {CELL_OUTPUT_BYTES >> 20} MiB: the grader "
                     f"stopped the cell and dropped the rest of its output")
-        if self._out_total > NOTEBOOK_OUTPUT_BYTES:
+        if self._out_total + n > NOTEBOOK_OUTPUT_BYTES:
             return (f"the notebook's output went over {NOTEBOOK_OUTPUT_BYTES >> 20} MiB: the "
                     f"grader stopped this cell and dropped the rest of its output")
+        self._cell_bytes[cell_index] = self._cell_bytes.get(cell_index, 0) + n
+        self._out_total += n
         return None
 
     @staticmethod
@@ -424,7 +426,6 @@ class SplitExecute(Execute):
             v.km.transport, v.km.ip = "ipc", os.environ["ZEROCOURSE_VERDICT_IPC"]
         v.start_new_kernel(**self._output_kwargs())
         v.start_new_kernel_client()
-        _cap_messages(v.kc)
         t = time.monotonic()
         v.wait_for_reply(v.kc.kernel_info())
         self._phases["verdict kernel info"] = time.monotonic() - t
@@ -486,25 +487,16 @@ class SplitExecute(Execute):
         cell["execution_count"] = run.get("execution_count")
 
 
-def _cap_messages(kc) -> None:
-    """A message over MAX_MESSAGE_BYTES on a kernel's output socket is dropped by zmq itself
-    (before it is ever buffered here)."""
-    try:
-        import zmq
-        kc.iopub_channel.socket.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
-    except Exception:  # noqa: BLE001 - the byte caps still apply
-        pass
-
-
 class _VerdictClient(Execute):
     """nbgrader's Execute for the verdict kernel, with the same output cap per cell (its
     cells print the ranks' output, which learner code writes)."""
 
-    capped = None
+    capped = None          # why the current cell's output was cut, or None
+    _bytes = 0             # bytes of output of the current cell
 
     def process_message(self, msg, cell, cell_index):
         if msg.get("msg_type") != "status":
-            self.__dict__["_bytes"] = self.__dict__.get("_bytes", 0) + _size(msg.get("content"))
+            self._bytes += _size(msg.get("content"))
             if self._bytes > CELL_OUTPUT_BYTES:
                 if not self.capped:
                     self.capped = (f"the test's output (the ranks' prints) went over "
@@ -514,5 +506,5 @@ class _VerdictClient(Execute):
         return super().process_message(msg, cell, cell_index)
 
     def execute_cell(self, cell, cell_index, *args, **kwargs):
-        self.__dict__["_bytes"] = 0
+        self._bytes = 0
         return super().execute_cell(cell, cell_index, *args, **kwargs)

@@ -433,6 +433,7 @@ def hosted_rank_main(spec: dict, rank: int, conn, creds: dict, sentinel_fd: int)
     libc.prctl(1, signal.SIGKILL, 0, 0, 0)     # PR_SET_PDEATHSIG (a uid change cleared it)
     if os.getppid() != creds["host_pid"]:      # the host died before that: go too
         os._exit(1)
+    linecache.clearcache()           # the host's (source lines its warnings showed): not the rank's
     # Its HOME and temporary files: the launch's folder (the host's /tmp is not the ranks').
     os.environ["HOME"] = os.environ["TMPDIR"] = spec["tmpdir"]
     import tempfile
