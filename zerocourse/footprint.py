@@ -157,7 +157,11 @@ def _status_bytes(pid: int) -> int:
 def _process_table() -> dict[int, tuple[int, int]]:
     """pid -> (ppid, uid) of every process this one can see."""
     table = {}
-    for entry in os.listdir("/proc"):
+    try:
+        entries = os.listdir("/proc")
+    except OSError:                        # no /proc (macOS): the rank's own figures only
+        return table
+    for entry in entries:
         if not entry.isdigit():
             continue
         try:

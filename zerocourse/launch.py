@@ -388,7 +388,10 @@ def _handle(r: _Rank, kind: bytes, payload: bytes):
     elif kind == b"m":
         # Measured from here, while the rank waits: its own code cannot reach this process.
         if r.meter is not None:
-            r.meter.on_mark(payload.decode("utf-8", "replace")[:200])
+            try:
+                r.meter.on_mark(payload.decode("utf-8", "replace")[:200])
+            except Exception:  # noqa: BLE001 - a mark not measured is missing, the rank goes on
+                pass
         r.conn.send_bytes(b"k")
     elif kind == b"r":
         if r.on_report is not None and not r.trusted:
