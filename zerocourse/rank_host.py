@@ -237,9 +237,14 @@ class Forked:
 
     def join(self, timeout: float | None = None) -> None:
         from multiprocessing.connection import wait
+        end = time.monotonic() + (timeout if timeout is not None else 3600)
         if self._exitcode is None and self.sentinel is not None:
             wait([self.sentinel], timeout)
-        self.exitcode   # noqa: B018 - reap it if it is gone
+        # The pipe closes a moment before the process can be reaped (the kernel closes its
+        # files first): poll, never block (a rank may close the pipe and live on).
+        end = min(end, time.monotonic() + 1.0)
+        while self.exitcode is None and time.monotonic() < end:
+            time.sleep(0.002)
 
 
 class Hosted:
@@ -330,7 +335,8 @@ class Hosted:
         if self.uid_base is not None:
             from zerocourse.footprint import _process_table
             uids = {self.uid_base + r.rank for r in ranks}
-            for _ in range(3):
+            end = time.monotonic() + 2.0
+            while time.monotonic() < end:
                 left = [p for p, (_, uid) in _process_table().items() if uid in uids]
                 if not left:
                     break
@@ -339,7 +345,7 @@ class Hosted:
                         os.kill(pid, signal.SIGKILL)
                     except OSError:
                         pass
-                time.sleep(0.05)
+                time.sleep(0.005)
         self.meters = []
         for fd in self._pipes:
             try:
