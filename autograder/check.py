@@ -145,8 +145,10 @@ def check(path: str, sandbox: bool | None = None, assignment: str | None = None)
     if sandbox is None:
         sandbox = os.geteuid() == 0 and shutil.which("bwrap") is not None and \
             os.environ.get("ZEROCOURSE_SANDBOX", "1") != "0"
+    from autograder.resources import UserBlock
+    users = UserBlock.reserve(1) if sandbox else UserBlock(None, None)
     base = tempfile.mkdtemp(prefix="zcck-")
-    env = kernel_env(base, sandbox)
+    env = kernel_env(base, sandbox, users.slot(0))
     os.environ.update(env, NBGRADER_EXECUTION="validate", ZEROCOURSE_ASSIGNMENT=aid)
     c = Config()
     c.Execute.timeout = int(os.environ.get("ZEROCOURSE_CELL_TIMEOUT", 150))
@@ -163,6 +165,7 @@ def check(path: str, sandbox: bool | None = None, assignment: str | None = None)
                            "nbgrader": {"assignment": aid}})
     finally:
         shutil.rmtree(base, ignore_errors=True)
+        users.release()
     took = time.monotonic() - t0
     rows, lost, checked, unchecked = [], 0.0, 0.0, 0.0
     for cell in nb.cells:

@@ -39,6 +39,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from autograder.nbgrader_run import ROOT, assignments, nbgrader  # noqa: E402
+from autograder.resources import SubmissionBox, UserBlock, memory_limit  # noqa: E402
 
 FIELDS = ["student_id", "assignment_id", "score", "max_score", "pending_manual", "status", "seconds"]
 
@@ -129,70 +130,39 @@ def _user_tasks() -> int:
     return n
 
 
-PIDS_CGROUP_ROOT = "/sys/fs/cgroup/pids"
-PIDS_MAX = 256          # processes + threads of one submission (a 4-rank launch needs ~60)
-
-
-def make_pids_cgroup() -> str | None:
-    """A fresh cgroup capping one submission's tasks, or None where cgroups are not writable."""
-    if not os.access(PIDS_CGROUP_ROOT, os.W_OK):
-        return None
-    path = os.path.join(PIDS_CGROUP_ROOT, f"zerocourse-{os.getpid()}-{time.monotonic_ns()}")
-    try:
-        os.mkdir(path)
-        with open(os.path.join(path, "pids.max"), "w") as f:
-            f.write(str(PIDS_MAX))
-        return path
-    except OSError:
-        return None
-
-
-def remove_cgroup(path: str | None) -> None:
-    """Kill whatever is still in the cgroup (nothing outlives grading), then remove it."""
-    if not path:
-        return
-    for _ in range(50):
-        try:
-            with open(os.path.join(path, "cgroup.procs")) as f:
-                pids = [int(p) for p in f.read().split()]
-        except OSError:
-            return
-        if not pids:
-            break
-        for pid in pids:
-            try:
-                os.kill(pid, 9)
-            except OSError:
-                pass
-        time.sleep(0.1)
-    try:
-        os.rmdir(path)
-    except OSError:
-        pass
-
-
-def kernel_env(base: str, sandbox: bool, slot: int = 0) -> dict:
+def kernel_env(base: str, sandbox: bool, users: dict | None = None, memcg: str | None = None) -> dict:
     """Folders and kernelspecs for one submission's two kernels (learner, verdict).
 
-    Everything a kernel may write is under base/l (learner), base/v (verdict) and base/r
-    (the learner's socket); the kernelspecs (base/specs) and nbgrader's runtime folder
-    (base/rt) are outside every sandbox, so nothing a kernel writes changes how the next
-    kernel starts. As root, each kernel gets a user of its own (two per slot).
+    What a kernel may write on the host is only base/l (the learner's sockets), base/v (the
+    verdict kernel's) and base/r (the learner's answer socket); the kernelspecs (base/specs)
+    and nbgrader's runtime folder with the connection files (base/rt) are root's, outside
+    every sandbox, so nothing a kernel writes changes how the next kernel starts. Each kernel
+    gets a fresh /tmp (its HOME) inside its sandbox at every start.
+
+    Args:
+        base: the submission's folder (resources.SubmissionBox: size-limited as root).
+        sandbox: run the kernels under bubblewrap (autograder/sandbox_kernel.py).
+        users: the submission's uids (resources.UserBlock.slot), as root; None: this user.
+        memcg: the submission's memory cgroup (the rank host measures ranks in cgroups below it).
     """
     dirs = {k: os.path.join(base, k) for k in ("l", "v", "r", "specs", "rt")}
     for d in dirs.values():
         os.makedirs(d, exist_ok=True)
-    uids = {"learner": 60000 + 2 * slot, "verdict": 60001 + 2 * slot}
-    if sandbox and os.geteuid() == 0:
+    for key in ("specs", "rt"):
+        os.chmod(dirs[key], 0o700)
+    if sandbox and users and os.geteuid() == 0:
         for key, role in (("l", "learner"), ("r", "learner"), ("v", "verdict")):
-            os.chown(dirs[key], uids[role], uids[role])
-    os.chmod(dirs["r"], 0o755)
+            os.chown(dirs[key], users[role], users[role])
+            os.chmod(dirs[key], 0o700 if key != "r" else 0o755)
+    else:
+        os.chmod(dirs["r"], 0o755)
     specs = os.path.join(dirs["specs"], "kernels")
     sandbox_py = os.path.join(ROOT, "autograder", "sandbox_kernel.py")
     for name, role in (("python3", "learner"), ("zc-verdict", "verdict")):
         os.makedirs(os.path.join(specs, name), exist_ok=True)
         argv = ([sys.executable, sandbox_py, "--role", role] if sandbox else
-                [sys.executable, "-m", "ipykernel_launcher"]) + ["-f", "{connection_file}"]
+                [sys.executable, "-m", "ipykernel_launcher"]) + \
+            ["-f", "{connection_file}"]
         spec = {"argv": argv, "display_name": f"Python 3 ({role})", "language": "python",
                 # Interrupts travel as a message: a signal to the launcher would stop at bwrap.
                 "interrupt_mode": "message" if sandbox else "signal",
@@ -211,17 +181,19 @@ def kernel_env(base: str, sandbox: bool, slot: int = 0) -> dict:
         raise SystemExit("make grade runs each submission in a bubblewrap sandbox, and bwrap is "
                          "not installed: `sudo apt-get install bubblewrap` (Debian/Ubuntu), or "
                          "grade unsandboxed with ZEROCOURSE_SANDBOX=0 (trusted submissions only)")
-    from autograder.sandbox_kernel import readonly_paths
     env.update({
         "ZC_LEARNER_WORK": dirs["l"], "ZC_VERDICT_WORK": dirs["v"], "ZC_SANDBOX_SHARED": dirs["r"],
-        "ZC_LEARNER_UID": str(uids["learner"]), "ZC_VERDICT_UID": str(uids["verdict"]),
-        "ZC_SANDBOX_RO": os.pathsep.join(readonly_paths(ROOT)),
         # RLIMIT_NPROC counts all of this user's tasks: its own user has none but these.
-        "ZC_SANDBOX_NPROC": str(200 if os.geteuid() == 0 else _user_tasks() + 200),
+        "ZC_SANDBOX_NPROC": str(200 if users else _user_tasks() + 200),
         "ZC_SANDBOX_MEM": os.environ.get("ZC_SANDBOX_MEM", str(4 << 30)),
         # The kernels talk to nbgrader over Unix sockets in their own folders.
         "ZEROCOURSE_KERNEL_IPC": os.path.join(dirs["l"], "k"),
         "ZEROCOURSE_VERDICT_IPC": os.path.join(dirs["v"], "k")})
+    if users:
+        env.update({"ZC_LEARNER_UID": str(users["learner"]), "ZC_VERDICT_UID": str(users["verdict"]),
+                    "ZC_HOST_UID_BASE": str(users["ranks"]), "ZC_HOST_GID": str(users["group"])})
+    if memcg:
+        env["ZC_SANDBOX_MEMCG"] = memcg
     return env
 
 
@@ -299,7 +271,7 @@ def feedback(out: str, env: dict, aid: str, sids: list[str]) -> list[str]:
     return missing
 
 
-def _grade_one(sid, aid, nb_path, out, env, timeout, sandbox, slot) -> tuple[str | None, str]:
+def _grade_one(sid, aid, nb_path, out, env, timeout, sandbox, users, box_limits) -> tuple[str | None, str]:
     """Autograde one submission; returns (why it was not graded or None, log text)."""
     dst = os.path.join(out, "submitted", sid, aid)
     shutil.rmtree(dst, ignore_errors=True)
@@ -310,17 +282,21 @@ def _grade_one(sid, aid, nb_path, out, env, timeout, sandbox, slot) -> tuple[str
     with open(os.path.join(dst, f"{aid}.ipynb"), "w", encoding="utf-8") as f:
         json.dump(nb, f)
     step = ["autograde", aid, "--student", sid, "--create", "--force"]
-    # A short private folder: Unix socket paths must stay under ~100 characters.
-    base = tempfile.mkdtemp(prefix="zcsb-")
-    run_env = dict(env, **kernel_env(base, sandbox, slot))
-    cgroup = make_pids_cgroup() if sandbox else None
-    if cgroup:
-        run_env["ZC_SANDBOX_CGROUP"] = cgroup
+    box = SubmissionBox(box_limits["mem"], box_limits["cpu_shares"]) if sandbox else None
+    base = box.base if box else tempfile.mkdtemp(prefix="zcsb-")
+    run_env = dict(env, **kernel_env(base, sandbox, users, box.cgroups.get("memory") if box else None))
+    t0 = time.monotonic()
     try:
-        proc = nbgrader(*step, env=run_env, timeout=timeout)
+        proc = nbgrader(*step, env=run_env, timeout=timeout, wrap=box.cmd if box else None)
         log = f"$ nbgrader {' '.join(step)}\n{proc.stdout}{proc.stderr}"
+        if box and box.oom_kills():
+            log += (f"\n[grade.py] the submission hit its memory limit ({box_limits['mem'] >> 20} MiB): "
+                    f"the kernel killed {box.oom_kills()} of its processes\n")
         if proc.returncode != 0:
             why = f"nbgrader autograde failed (see logs/{sid}-{aid}.log)"
+            if box and box.oom_kills():
+                why = (f"grading stopped: the submission used more than its {box_limits['mem'] >> 20} "
+                       f"MiB of memory (see logs/{sid}-{aid}.log)")
         else:
             why = None
             graded = os.path.join(out, "autograded", sid, aid, f"{aid}.ipynb")
@@ -330,8 +306,13 @@ def _grade_one(sid, aid, nb_path, out, env, timeout, sandbox, slot) -> tuple[str
     except Exception as e:  # subprocess.TimeoutExpired and friends
         log, why = f"$ nbgrader {' '.join(step)}\n{e}", f"grading stopped: {type(e).__name__}"
     finally:
-        remove_cgroup(cgroup)
-        shutil.rmtree(base, ignore_errors=True)
+        if box:
+            peak = box.peak_bytes()
+            if peak:
+                log += f"\n[grade.py] nbgrader autograde {time.monotonic() - t0:.1f} s, peak memory {peak >> 20} MiB\n"
+            box.close()
+        else:
+            shutil.rmtree(base, ignore_errors=True)
     if notes:
         why = "; ".join(([why] if why else ["graded"]) + notes)
     return why, log
@@ -444,6 +425,14 @@ def grade(submissions: str, out: str, timeout: float = 1200.0, sandbox: bool = T
     work, paths = find_work(submissions, known, skip=set(refused))
     why_not = {key: _intake(submissions, *key, known, paths[key]) for key in work}
 
+    # Users of this run only (no other grading run on the machine holds them), and what each
+    # submission may use: a memory share, an equal CPU share, a cap on its tasks.
+    user_block = UserBlock.reserve(jobs) if sandbox else UserBlock(None, None)
+    box_limits = {"mem": memory_limit(jobs), "cpu_shares": 1024 * max(2, os.cpu_count() or 2)}
+    # Can this machine grade at all? Checked beside the registration below, before anyone's
+    # submission: a misconfigured grader stops here, naming the cause, not with a class of 0s.
+    pre = _Preflight(sandbox, user_block) if any(w is None for w in why_not.values()) else None
+
     # Register assignments and students first, one at a time: parallel jobs then only add rows
     # of their own submission to the gradebook.
     registered = set()
@@ -455,6 +444,12 @@ def grade(submissions: str, out: str, timeout: float = 1200.0, sandbox: bool = T
             raise SystemExit(f"cannot register {aid} in the gradebook:\n{proc.stderr[-3000:]}")
         registered.add(aid)
     _add_students(db_path, sorted({sid for sid, aid in work if why_not[(sid, aid)] is None}))
+    if pre is not None:
+        try:
+            pre.wait()
+        except SystemExit:
+            user_block.release()
+            raise
 
     slots, in_flight = list(range(jobs)), _InFlight()
     slot_lock = threading.Lock()
@@ -473,7 +468,8 @@ def grade(submissions: str, out: str, timeout: float = 1200.0, sandbox: bool = T
                 overlap = in_flight.start((sid, aid), sid)
                 try:
                     before = gradebook_rows(db_path)
-                    why, log = _grade_one(sid, aid, paths[(sid, aid)], out, env, timeout, sandbox, slot)
+                    why, log = _grade_one(sid, aid, paths[(sid, aid)], out, env, timeout, sandbox,
+                                          user_block.slot(slot), box_limits)
                     with open(os.path.join(out, "logs", f"{sid}-{aid}.log"), "w") as f:
                         f.write(log)
                     changed = [k for k in _others_changed(before, gradebook_rows(db_path), sid)
@@ -511,6 +507,8 @@ def grade(submissions: str, out: str, timeout: float = 1200.0, sandbox: bool = T
         except BaseException:
             pool.shutdown(wait=True, cancel_futures=True)
             raise
+        finally:
+            user_block.release()
     rows = exchange.add_refusals(rows, refused, known)   # sorted by student, assignment
 
     graded = {}
@@ -525,6 +523,33 @@ def grade(submissions: str, out: str, timeout: float = 1200.0, sandbox: bool = T
                 row["status"] += f"; no feedback generated (see logs/feedback-{aid}.log)"
     _write_rows(out, rows, merge=True)
     return rows
+
+
+class _Preflight:
+    """autograder/preflight.py's check, in a thread (it overlaps the gradebook's setup)."""
+
+    def __init__(self, sandbox: bool, users: UserBlock):
+        self.error, self.seconds = None, None
+        self.base = tempfile.mkdtemp(prefix="zcpf-")
+        env = kernel_env(self.base, sandbox, users.slot(0))
+        self.thread = threading.Thread(target=self._run, args=(env, sandbox), daemon=True)
+        self.thread.start()
+
+    def _run(self, env, sandbox):
+        from autograder import preflight
+        try:
+            self.seconds = preflight.check(env, sandbox)
+        except SystemExit as e:
+            self.error = str(e)
+        except Exception as e:  # noqa: BLE001 - reported as the cause
+            self.error = f"grading cannot start: the preflight check failed: {type(e).__name__}: {e}"
+
+    def wait(self) -> None:
+        self.thread.join()
+        shutil.rmtree(self.base, ignore_errors=True)
+        if self.error:
+            raise SystemExit(self.error)
+        print(f"preflight: both kernels and a 2-rank launch work ({self.seconds:.1f} s)", flush=True)
 
 
 def _add_students(db_path: str, sids: list[str]) -> None:

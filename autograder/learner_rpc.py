@@ -113,8 +113,15 @@ def _serve_one(conn, ns: dict) -> None:
 
 def serve(path: str, ns: dict) -> None:
     """Answer the verdict kernel on Unix socket `path` from namespace `ns`, in a thread."""
-    if os.path.exists(path):
+    # Whatever is left at the path (the previous kernel's socket, or a link or folder a cell
+    # put there before it killed its kernel) makes way: this kernel binds a fresh socket.
+    if os.path.isdir(path) and not os.path.islink(path):
+        import shutil
+        shutil.rmtree(path, ignore_errors=True)
+    try:
         os.unlink(path)
+    except FileNotFoundError:
+        pass
     srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     srv.bind(path)
     os.chmod(path, 0o666)          # the verdict kernel runs as another user

@@ -23,7 +23,7 @@ def assignments() -> list[str]:
 
 
 def nbgrader(*args: str, env: dict | None = None, timeout: float | None = None,
-             cwd: str = HERE) -> subprocess.CompletedProcess:
+             cwd: str = HERE, wrap=None) -> subprocess.CompletedProcess:
     """Run `nbgrader *args` from `cwd` (which holds the nbgrader_config.py to use).
 
     Args:
@@ -31,12 +31,14 @@ def nbgrader(*args: str, env: dict | None = None, timeout: float | None = None,
         env: extra environment variables.
         timeout: seconds before the command is killed.
         cwd: folder whose nbgrader_config.py applies.
+        wrap: argv -> argv that starts it elsewhere (e.g. inside a submission's cgroups).
     """
     full_env = dict(os.environ)
     full_env["PATH"] = BIN + os.pathsep + full_env.get("PATH", "")
     full_env.update(env or {})
     # Its own session, so a timeout kills nbgrader AND the kernel it started.
-    proc = subprocess.Popen([os.path.join(BIN, "nbgrader"), *args], cwd=cwd, env=full_env,
+    argv = [os.path.join(BIN, "nbgrader"), *args]
+    proc = subprocess.Popen(wrap(argv) if wrap else argv, cwd=cwd, env=full_env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     try:

@@ -21,15 +21,27 @@ functions return, which the tests then judge. Also here:
   which may quote anything, stay in the grader's log);
 - a learner cell that hangs beyond the cell timeout or kills its kernel costs only
   itself: the learner kernel is restarted, the cells before it are run again, and
-  grading goes on.
+  grading goes on;
+- silence is not a pass: a test cell scores only when its source ran to its end in the
+  verdict kernel (a nonce printed by its last statement, `verdict.completed`) and, when
+  the cell's own check prints a ✅ (a top-level passed(...)), with that ✅;
+- output is capped in bytes (ZEROCOURSE_CELL_OUTPUT_BYTES per cell, 4 MiB, and
+  ZEROCOURSE_NOTEBOOK_OUTPUT_BYTES per notebook, 16 MiB): past it the cell is stopped,
+  the rest of its output dropped as it arrives (never buffered) and the reason recorded
+  in the cell; a single huge message is bounded by the submission's memory cgroup;
+- IPython's history is off in both kernels (nbclient keeps it only for "python3"), so no
+  test cell is ever written to a kernel's disk;
+- each phase's time is in the grader's log ("split grading: ...").
 """
 from __future__ import annotations
 
 import ast
+import asyncio
 import builtins
 import json
 import os
 import re
+import secrets
 import tempfile
 import time
 
@@ -49,6 +61,34 @@ SETTLE_S = 15
 _IPYTHON = {"display", "get_ipython", "In", "Out", "exit", "quit"}
 # What a test cell may show the learner: the checks' own lines.
 _CHECK_LINE = re.compile(r"^\s*(✅|❌|☑)")
+# Bytes of output a cell, and a whole notebook, may produce before the grader stops it.
+CELL_OUTPUT_BYTES = int(os.environ.get("ZEROCOURSE_CELL_OUTPUT_BYTES", 4 << 20))
+NOTEBOOK_OUTPUT_BYTES = int(os.environ.get("ZEROCOURSE_NOTEBOOK_OUTPUT_BYTES", 16 << 20))
+# Options of both kernels: no history file (it would hold the hidden tests).
+KERNEL_ARGS = ["--HistoryManager.enabled=False"]
+
+
+def _size(value) -> int:
+    """Bytes of the strings in a message's content (cheap: no serialisation)."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, dict):
+        return sum(_size(k) + _size(v) for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return sum(_size(v) for v in value)
+    return 8
+
+
+def _calls_passed(src: str) -> bool:
+    """Whether a test cell's source calls passed(...) as a top-level statement (so, when it
+    ran to its end, it printed a ✅)."""
+    try:
+        tree = ast.parse(_strip_magics(src))
+    except SyntaxError:
+        return False
+    return any(isinstance(s, ast.Expr) and isinstance(s.value, ast.Call) and
+               getattr(s.value.func, "id", getattr(s.value.func, "attr", "")) == "passed"
+               for s in tree.body)
 
 
 def _meta(cell) -> dict:
@@ -174,13 +214,24 @@ class SplitExecute(Execute):
         self._check_assign_resources(resources)
         aid = (resources or {}).get("nbgrader", {}).get("assignment") or \
             os.environ.get("ZEROCOURSE_ASSIGNMENT")
+        t_parse = time.monotonic()
         release = release_notebook(aid)
         self._course = course_cells(release)
         self._names = asked_names(release, [c for c in nb.cells if is_test(c)])
+        self._phases = {"release parse": time.monotonic() - t_parse}
+        self._out_total = 0
+        self._cell_bytes: dict = {}         # cell index -> bytes of output so far
+        self._capped: dict = {}             # cell index -> why its output was cut
         rpc_dir = os.environ.get("ZEROCOURSE_RPC_DIR") or tempfile.mkdtemp(prefix="zcrpc-")
         self._socket = os.path.join(rpc_dir, "learner.sock")
         self._done_a: list[int] = []          # learner cells run so far (replayed on restart)
-        self._verdict = Execute(config=self.config, kernel_name=self.verdict_kernel)
+        self.extra_arguments = list(self.extra_arguments) + KERNEL_ARGS
+        # Nothing in either kernel needs a clean exit (no history, nothing to save): killed at
+        # once, instead of nbgrader's graceful wait of up to 5 s each.
+        self.shutdown_kernel = "immediate"
+        self._verdict = _VerdictClient(config=self.config, kernel_name=self.verdict_kernel)
+        self._verdict.shutdown_kernel = "immediate"
+        self._verdict.extra_arguments = list(self._verdict.extra_arguments) + KERNEL_ARGS
         self._verdict.log = self.log
         self._vnb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("")])
         NotebookClient.__init__(self._verdict, self._vnb)
@@ -188,9 +239,13 @@ class SplitExecute(Execute):
         self._verdict.resources = self.resources
         t0 = time.monotonic()
         spent = {"learner": 0.0, "tests": 0.0}
+        per_cell: list[tuple[float, int]] = []
         self._start_learner()
+        self._phases["learner kernel start"] = time.monotonic() - t0
         try:
+            t = time.monotonic()
             self._start_verdict()       # imports torch and starts its ranks' server meanwhile
+            self._phases["verdict kernel start"] = time.monotonic() - t
             self.log.info("split grading: both kernels up in %.1f s", time.monotonic() - t0)
             try:
                 for index, cell in enumerate(self.nb.cells):
@@ -203,12 +258,20 @@ class SplitExecute(Execute):
                     else:
                         self._run_learner(cell, index)
                         spent["learner"] += time.monotonic() - t
+                    per_cell.append((time.monotonic() - t, index))
             finally:
+                t = time.monotonic()
                 self._verdict._cleanup_kernel()
         finally:
             self._cleanup_kernel()
+            self._phases["kernels shutdown"] = time.monotonic() - t
+        self._phases.update({"learner cells": spent["learner"], "test cells": spent["tests"]})
         self.log.info("split grading: %.1f s in all, learner cells %.1f s, test cells %.1f s",
                       time.monotonic() - t0, spent["learner"], spent["tests"])
+        self.log.info("split grading phases: %s", ", ".join(
+            f"{k} {v:.2f} s" for k, v in self._phases.items()))
+        self.log.info("split grading: slowest cells %s", ", ".join(
+            f"#{i} {d:.1f} s" for d, i in sorted(per_cell, reverse=True)[:5]))
         self.set_widgets_metadata()
         return self.nb, self.resources
 
@@ -258,9 +321,62 @@ class SplitExecute(Execute):
         except (CellTimeoutError, DeadKernelError, RuntimeError):
             return False
 
+    # -- output caps (the learner kernel) --------------------------------------------
+    def process_message(self, msg, cell, cell_index):
+        if msg.get("msg_type") != "status":
+            why = self._over_cap(_size(msg.get("content")), cell_index)
+            if why:
+                if cell_index not in self._capped:
+                    self._capped[cell_index] = why
+                    self._stop_cell(self)
+                return None                      # dropped: never buffered
+        return super().process_message(msg, cell, cell_index)
+
+    def _over_cap(self, n: int, cell_index: int) -> str | None:
+        """Why this message of `n` bytes is dropped (its cell or the notebook would go over
+        its cap), or None; only what is kept counts toward the notebook's total."""
+        if cell_index in self._capped:
+            return self._capped[cell_index]
+        if self._cell_bytes.get(cell_index, 0) + n > CELL_OUTPUT_BYTES:
+            return (f"this cell's output went over {CELL_OUTPUT_BYTES >> 20} MiB: the grader "
+                    f"stopped the cell and dropped the rest of its output")
+        if self._out_total + n > NOTEBOOK_OUTPUT_BYTES:
+            return (f"the notebook's output went over {NOTEBOOK_OUTPUT_BYTES >> 20} MiB: the "
+                    f"grader stopped this cell and dropped the rest of its output")
+        self._cell_bytes[cell_index] = self._cell_bytes.get(cell_index, 0) + n
+        self._out_total += n
+        return None
+
+    @staticmethod
+    def _stop_cell(client) -> None:
+        """Interrupt the kernel (from inside nbclient's message loop)."""
+        try:
+            result = client.km.interrupt_kernel()
+            if asyncio.iscoroutine(result):
+                asyncio.ensure_future(result)
+        except Exception:  # noqa: BLE001 - the cell's timeout stops it otherwise
+            pass
+
+    def _note_cap(self, cell, index: int) -> None:
+        why = self._capped.get(index)
+        if why:
+            cell.outputs = list(cell.get("outputs", []))[:50] + [nbformat.v4.new_output(
+                "error", ename="OutputLimitError", evalue=why, traceback=[])]
+
+    def _absorb_interrupt(self, client) -> None:
+        """After a cell the grader interrupted for its output: a late interrupt lands here,
+        in a cell of the grader's, never in the learner's next cell."""
+        try:
+            self._hidden(client, "import time\ntime.sleep(0.5)", what="settle", timeout=SETTLE_S)
+        except Exception:  # noqa: BLE001 - an interrupt (or a dead kernel: handled later)
+            pass
+
     def _run_learner(self, cell, index: int) -> None:
         try:
             self.preprocess_cell(cell, self.resources, index)
+            self._note_cap(cell, index)
+            if index in self._capped:
+                self._absorb_interrupt(self)
             self._done_a.append(index)
         except (CellTimeoutError, DeadKernelError) as e:
             died = isinstance(e, DeadKernelError)
@@ -310,7 +426,9 @@ class SplitExecute(Execute):
             v.km.transport, v.km.ip = "ipc", os.environ["ZEROCOURSE_VERDICT_IPC"]
         v.start_new_kernel(**self._output_kwargs())
         v.start_new_kernel_client()
+        t = time.monotonic()
         v.wait_for_reply(v.kc.kernel_info())
+        self._phases["verdict kernel info"] = time.monotonic() - t
         self._defined = 0                   # course cells whose definitions ran there
         self._verdict_ready = False
         # Not waited for: the verdict kernel imports torch and starts the fork server of its
@@ -334,7 +452,11 @@ class SplitExecute(Execute):
             self._hidden(self._verdict, f"_zc_errors = _zcv.load_definitions({defs!r}, globals())",
                          what="course definitions")
             self._defined = upto
-        run = nbformat.v4.new_code_cell("_zcv.sync(globals())\n" + _source(cell))
+        nonce = secrets.token_hex(12)
+        src = _source(cell)
+        run = nbformat.v4.new_code_cell("_zcv.sync(globals())\n" + src +
+                                        f"\n_zcv.completed({nonce!r})\n")
+        self._verdict.capped = None
         try:
             self._verdict.execute_cell(run, 0, store_history=True)
         except (CellTimeoutError, DeadKernelError) as e:
@@ -343,7 +465,46 @@ class SplitExecute(Execute):
                 traceback=[])]
             self._verdict._cleanup_kernel()
             self._start_verdict()
-        kept, log = clean_test_outputs(run.get("outputs", []))
+        if self._verdict.capped:
+            self._absorb_interrupt(self._verdict)
+        outputs = list(run.get("outputs", []))
+        errored = any(o.get("output_type") == "error" for o in outputs)
+        text = "".join(o.get("text", "") for o in outputs if o.get("output_type") == "stream")
+        if not errored:
+            # Silence is not a pass: the test's source must have run to its end, here.
+            why = None
+            if f"[zc-completed {nonce}]" not in text:
+                why = self._verdict.capped or "the test did not run to its end in the grader"
+            elif _calls_passed(src) and not any(_CHECK_LINE.match(l) and "✅" in l
+                                                 for l in text.splitlines()):
+                why = "the test ran, but its check printed no ✅"
+            if why:
+                outputs.append(nbformat.v4.new_output("error", ename="GradingError",
+                                                      evalue=f"❌ {why}: 0 points", traceback=[]))
+        kept, log = clean_test_outputs(outputs)
         self.log.info("test cell %s, full output:\n%s", gid, log)
         cell.outputs = kept
         cell["execution_count"] = run.get("execution_count")
+
+
+class _VerdictClient(Execute):
+    """nbgrader's Execute for the verdict kernel, with the same output cap per cell (its
+    cells print the ranks' output, which learner code writes)."""
+
+    capped = None          # why the current cell's output was cut, or None
+    _bytes = 0             # bytes of output of the current cell
+
+    def process_message(self, msg, cell, cell_index):
+        if msg.get("msg_type") != "status":
+            self._bytes += _size(msg.get("content"))
+            if self._bytes > CELL_OUTPUT_BYTES:
+                if not self.capped:
+                    self.capped = (f"the test's output (the ranks' prints) went over "
+                                   f"{CELL_OUTPUT_BYTES >> 20} MiB: the grader stopped it")
+                    SplitExecute._stop_cell(self)
+                return None
+        return super().process_message(msg, cell, cell_index)
+
+    def execute_cell(self, cell, cell_index, *args, **kwargs):
+        self._bytes = 0
+        return super().execute_cell(cell, cell_index, *args, **kwargs)

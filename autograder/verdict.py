@@ -6,9 +6,9 @@ autograder/split_execute.py). The names the assignment asks for (`shard_bounds`,
 (autograder/learner_rpc.py) over a Unix socket:
 
 - a callable becomes a `LearnerCallable`: calling it runs the call in the learner's
-  kernel and returns the result decoded by `torch.load(weights_only=True)`, so only
-  plain data (numbers, strings, tensors, lists, tuples, dicts, Fraction) ever reaches
-  this kernel: no learner object, no forged `__eq__`, no code;
+  kernel and returns the result decoded by zerocourse.plain.decode, so only plain data
+  (numbers, strings, tensors rebuilt without attributes, lists, tuples, dicts, Fraction)
+  ever reaches this kernel: no learner object, no forged `__eq__`, no code;
 - sent to ranks (an argument of `launch`, or a global of a test helper), it pickles
   as the learner's real object, which only the (sandboxed) ranks unpickle; their
   results come back through the launcher's trusted mode (ZEROCOURSE_TRUSTED=1),
@@ -19,8 +19,6 @@ An error raised by learner code arrives as the builtin exception of the same nam
 """
 from __future__ import annotations
 
-import fractions
-import io
 import json
 import os
 import socket
@@ -39,10 +37,10 @@ class LearnerKernelError(RuntimeError):
 
 
 def decode(data: bytes):
-    """torch.save bytes -> plain data; anything else (code, custom classes) is refused."""
-    import torch
-    with torch.serialization.safe_globals([fractions.Fraction]):
-        return torch.load(io.BytesIO(data), weights_only=True)
+    """torch.save bytes -> plain data, rebuilt; anything else (code, custom classes, tensors
+    carrying attributes) is refused (zerocourse/plain.py: the one decoder of the grader)."""
+    from zerocourse.plain import decode as plain_decode
+    return plain_decode(data)
 
 
 class _Client:
@@ -184,8 +182,9 @@ def start(socket_path: str, names: list[str], timeout: float = 120.0) -> None:
         ctypes.CDLL(None).prctl(4, 0)      # PR_SET_DUMPABLE = 4
     except Exception:
         pass
-    # Ranks (learner code, our user) can write this kernel's folder and /tmp: nothing is ever
-    # imported from there, and what reads config at import is imported now, before any rank.
+    # Ranks run in the rank host under grading (their own sandbox and users); without it
+    # (no sandbox) they are this kernel's user and can write its folder and /tmp: nothing is
+    # ever imported from there, and what reads config at import is imported now.
     import sys
     sys.path[:] = [p for p in sys.path if p not in ("", ".", os.getcwd())]
     sys.dont_write_bytecode = True
@@ -194,13 +193,12 @@ def start(socket_path: str, names: list[str], timeout: float = 120.0) -> None:
     import importlib
     launcher = importlib.import_module("zerocourse.launch")   # the module, not the function
     launcher._cell_sources = lambda: ({}, {})
-    try:                                   # nor the key of this kernel's sockets
-        from ipykernel.kernelapp import IPKernelApp
-        path = IPKernelApp.instance().connection_file
-        if path == os.path.join(os.getcwd(), "connection.json"):   # the sandbox's copy
-            os.unlink(path)
-    except Exception:
-        pass
+
+
+def completed(nonce: str) -> None:
+    """The last statement of every graded test cell: it prints the cell's nonce only if the
+    test's source ran to its end here (split_execute.py scores a cell only with it)."""
+    print(f"[zc-completed {nonce}]", flush=True)
 
 
 def sync(ns: dict) -> None:

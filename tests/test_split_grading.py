@@ -194,3 +194,62 @@ def test_feedback_marks_pending_manual_answers():
     assert "Score: 0.0 / 4.0" not in out
     assert out.count("awaiting manual grading (4 points)") == 2
     assert "(Score: 5.0 / 9.0; 4 points await manual grading)" in out
+
+
+def test_decode_rebuilds_tensors_without_their_attributes():
+    """weights_only restores a tensor's __dict__: `detach = torch.Tensor` made check_close
+    compare nothing (3/7 became 7/7). The one decoder rebuilds every tensor by copy."""
+    from zerocourse.plain import PlainDataError
+    t = torch.zeros(3)
+    t.detach, t.note = torch.Tensor, "forged"
+    got = verdict.decode(_saved({"mean": t, "p": torch.nn.Parameter(torch.ones(2))}))
+    assert type(got["mean"]) is torch.Tensor and got["mean"].__dict__ == {}
+    assert type(got["p"]) is torch.Tensor and torch.equal(got["p"], torch.ones(2))
+    for bad, name in (({1, 2}, "set"), (torch.device("cpu"), "torch.device"),
+                      (torch.zeros(3).to_sparse(), "sparse"), (torch.zeros(2, device="meta"), "meta")):
+        with pytest.raises(PlainDataError, match=name):
+            verdict.decode(_saved(bad))
+
+
+class _FakeVerdict:
+    """Stands for the verdict kernel: `prints(source, nonce)` says what the cell printed."""
+
+    capped = None
+
+    def __init__(self, prints):
+        self.prints = prints
+
+    def execute_cell(self, cell, index, store_history=True):
+        import re
+        nonce = re.search(r"_zcv\.completed\('([0-9a-f]+)'\)", cell.source).group(1)
+        text = self.prints(cell.source, nonce)
+        cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text=text)] if text else []
+
+
+@pytest.mark.parametrize("prints, scores", [
+    (lambda src, nonce: f"✅ right\n[zc-completed {nonce}]\n", True),
+    (lambda src, nonce: "", False),                                   # silence
+    (lambda src, nonce: "✅ right\n", False),                          # no completion record
+    (lambda src, nonce: f"[zc-completed {'0' * 24}]\n✅ right\n", False),  # another cell's nonce
+    (lambda src, nonce: f"[zc-completed {nonce}]\n", False),           # its passed() printed nothing
+], ids=["completed", "silent", "no-record", "wrong-nonce", "no-tick"])
+def test_silence_is_not_a_pass(prints, scores):
+    """A graded cell scores only when its source ran to its end in the verdict kernel (the
+    cell's own nonce) and, when it calls passed() at top level, with the ✅ it prints."""
+    ep = split_execute.SplitExecute()
+    ep._verdict, ep._verdict_ready, ep._course, ep._defined = _FakeVerdict(prints), True, [], 0
+    cell = nbformat.v4.new_code_cell("check_true(True, 'x')\npassed('right')", metadata={
+        "nbgrader": {"grade": True, "solution": False, "grade_id": "t", "points": 2}})
+    ep._run_test(cell)
+    assert (_determine_grade(cell.outputs) == 3) == scores, cell.outputs
+    assert not any("zc-completed" in o.get("text", "") for o in cell.outputs)
+
+
+def test_a_cell_without_passed_needs_only_its_completion():
+    ep = split_execute.SplitExecute()
+    ep._verdict = _FakeVerdict(lambda src, nonce: f"[zc-completed {nonce}]\n")
+    ep._verdict_ready, ep._course, ep._defined = True, [], 0
+    cell = nbformat.v4.new_code_cell("if True:\n    passed('only sometimes')", metadata={
+        "nbgrader": {"grade": True, "solution": False, "grade_id": "t", "points": 1}})
+    ep._run_test(cell)
+    assert _determine_grade(cell.outputs) == 3

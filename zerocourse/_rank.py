@@ -66,7 +66,11 @@ KINDS = {
     b"x": "JSON error: type, message, traceback, in_call (str), joining (bool); in normal "
           "mode also exception (base64 cloudpickle)",
     b"v": "the return value: cloudpickle, or torch.save bytes when the launcher is trusted",
+    b"m": "UTF-8 label: zerocourse.footprint.mark(); the rank waits for the launcher's b'k' "
+          "(it measured the rank from outside)",
 }
+# Seconds a rank waits for the launcher to measure it at a mark.
+MARK_TIMEOUT = 60.0
 # Largest message the launcher accepts (a bigger one is that rank's failure).
 MAX_MESSAGE = 256 * 2**20
 # Key every rank adds 1 to once its process group exists; fn runs when it reaches world_size.
@@ -109,6 +113,8 @@ class _Channel:
             data = b"r" + msg[1]
         elif kind == "error":
             data = b"x" + json.dumps(msg[1]).encode()
+        elif kind == "mark":
+            data = b"m" + msg[1].encode("utf-8", "replace")
         else:
             data = b"v" + msg[1]
         with self.lock:
@@ -116,6 +122,17 @@ class _Channel:
                 self.conn.send_bytes(data)
             except (OSError, ValueError):
                 pass  # launcher gone: nothing left to tell
+
+    def mark(self, label: str) -> None:
+        """Ask the launcher to measure this rank now, and wait until it has (see
+        zerocourse.footprint). Only the thread that marks reads this connection."""
+        self.send(("mark", label))
+        try:
+            if not self.conn.poll(MARK_TIMEOUT):
+                raise TimeoutError(f"the launcher did not measure this rank within {MARK_TIMEOUT:g} s")
+            self.conn.recv_bytes(16)
+        except (OSError, EOFError) as e:
+            raise RuntimeError(f"the launcher is gone ({e})") from None
 
 
 def _forward_output(chan: _Channel, fds: dict[int, str]) -> None:
@@ -209,7 +226,8 @@ def _die_with_the_launcher() -> None:
     closes; (2) we drop our copy of the fork server's "alive" pipe, so the server
     exits when the launcher dies; (3) PR_SET_PDEATHSIG kills us when the server does.
     """
-    from multiprocessing import forkserver, parent_process
+    import multiprocessing.forkserver as forkserver
+    from multiprocessing import parent_process
     from multiprocessing.connection import wait
 
     parent = parent_process()
@@ -318,7 +336,10 @@ def rank_main(spec: dict, rank: int, conn) -> None:
     global _CHANNEL
     chan = _CHANNEL = _Channel(conn)
     out_thread = _capture_output(chan)
-    stack_file = open(os.path.join(spec["tmpdir"], f"stack-{rank}.txt"), "w")
+    if spec.get("stack_fds"):          # the rank host: a pipe only the launcher reads
+        stack_file = os.fdopen(spec["stack_fds"][rank], "w", closefd=False)
+    else:
+        stack_file = open(os.path.join(spec["tmpdir"], f"stack-{rank}.txt"), "w")
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
     torch.set_num_threads(1)   # N ranks share the laptop's cores
     os.chdir(spec["cwd"])
@@ -340,6 +361,10 @@ def rank_main(spec: dict, rank: int, conn) -> None:
         enter_rank(torch.device("cuda", rank) if spec["backend"] == "nccl" else torch.device("cpu"),
                    proxy=spec.get("device_proxy", False))
         joining = False
+        # Measured from outside before any of the payload's code exists in this process.
+        from zerocourse.footprint import START, return_freed_memory
+        return_freed_memory()
+        chan.mark(START)
         fn, args, kwargs = cloudpickle.loads(spec["payload"])
         result = fn(rank, world_size, *args, **kwargs)
         msg = ("result", _encode_result(result, rank, trusted))
@@ -364,3 +389,57 @@ def rank_main(spec: dict, rank: int, conn) -> None:
     out_thread.join(timeout=2.0)
     chan.send(msg)
     conn.close()
+
+
+def hosted_rank_main(spec: dict, rank: int, conn, creds: dict, sentinel_fd: int) -> None:
+    """A rank forked by the rank host (zerocourse/rank_host.py): shed everything of the host,
+    become the rank's own user, then run as any rank.
+
+    Before anything of the payload is unpickled: every file descriptor but this rank's own
+    is closed (the host's socket to the verdict kernel, the other ranks' pipes), the rank
+    joins its memory cgroup, and, when the host runs as root, it takes its own uid and the
+    launch's gid (which drops every capability), sets no_new_privs and dies with the host.
+
+    Args:
+        spec: as rank_main's.
+        rank: this rank.
+        conn: the rank's end of its connection to the host.
+        creds: {"uid": int|None, "gid": int|None, "cgroup": str|None, "host_pid": int,
+                "nofile": int}.
+        sentinel_fd: the pipe whose closing tells the host this process ended.
+    """
+    import resource
+    sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__    # the host's point at its socket
+    keep = {0, 1, 2, conn.fileno(), spec["stack_fds"][rank], sentinel_fd}
+    for fd in [int(f) for f in os.listdir("/proc/self/fd")]:
+        if fd not in keep:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+    if creds.get("cgroup"):
+        with open(os.path.join(creds["cgroup"], "cgroup.procs"), "w") as f:
+            f.write(str(os.getpid()))
+    libc = ctypes.CDLL(None, use_errno=True)
+    os.umask(0o007)                  # the launch's rendezvous store is shared by its group
+    if creds.get("uid") is not None:
+        gid = creds["gid"]
+        os.setgroups([gid])
+        os.setresgid(gid, gid, gid)
+        os.setresuid(creds["uid"], creds["uid"], creds["uid"])    # every capability goes
+        if os.getuid() != creds["uid"] or os.geteuid() != creds["uid"]:
+            os._exit(70)
+    libc.prctl(38, 1, 0, 0, 0)                 # PR_SET_NO_NEW_PRIVS
+    libc.prctl(1, signal.SIGKILL, 0, 0, 0)     # PR_SET_PDEATHSIG (a uid change cleared it)
+    if os.getppid() != creds["host_pid"]:      # the host died before that: go too
+        os._exit(1)
+    linecache.clearcache()           # the host's (source lines its warnings showed): not the rank's
+    # Its HOME and temporary files: the launch's folder (the host's /tmp is not the ranks').
+    os.environ["HOME"] = os.environ["TMPDIR"] = spec["tmpdir"]
+    import tempfile
+    tempfile.tempdir = None
+    n = creds.get("nofile", 256)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (n, n))      # bounds what socket buffers hold
+    if creds.get("uid") is not None:
+        resource.setrlimit(resource.RLIMIT_NPROC, (128, 128))   # processes + threads of the rank
+    rank_main(spec, rank, conn)

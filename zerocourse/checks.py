@@ -15,6 +15,8 @@ import math
 import torch
 
 
+# Tensor methods are called through the class (see check_close).
+_T = torch.Tensor
 _PLAIN_ATOMS = (type(None), bool, int, float, str, bytes, torch.dtype, torch.Size, fractions.Fraction)
 
 
@@ -39,7 +41,7 @@ def plain(value):
         return value.item()
     if isinstance(value, torch.Tensor):
         if type(value) in (torch.Tensor, torch.nn.Parameter):
-            return value.detach().cpu()
+            return _T.cpu(_T.detach(value))
     elif isinstance(value, _PLAIN_ATOMS) and type(value) in _PLAIN_ATOMS:
         return value
     elif type(value) in (list, tuple):
@@ -117,21 +119,28 @@ def check_close(what: str, got, expected, atol: float = 0.0, rtol: float = 0.0,
         if not isinstance(got, torch.Tensor):
             _fail(what, f"expected a tensor, got {type(got).__name__}", rank, hint)
         expected = torch.as_tensor(expected)
-        if tuple(got.shape) != tuple(expected.shape):
-            _fail(what, f"expected shape {tuple(expected.shape)}, got {tuple(got.shape)}", rank, hint)
-        if got.dtype != expected.dtype:
-            _fail(what, f"expected dtype {expected.dtype}, got {got.dtype}", rank, hint)
-        g, e = got.detach().double().cpu(), expected.detach().double().cpu()
-        if g.numel() == 0:
+        # Methods through the class, never looked up on the objects: a value may come from
+        # learner code, and an attribute it carries (t.detach = ...) must not change the check.
+        got_shape, expected_shape = tuple(_T.size(got)), tuple(_T.size(expected))
+        if got_shape != expected_shape:
+            _fail(what, f"expected shape {expected_shape}, got {got_shape}", rank, hint)
+        if _T.dtype.__get__(got) != _T.dtype.__get__(expected):
+            _fail(what, f"expected dtype {_T.dtype.__get__(expected)}, got {_T.dtype.__get__(got)}",
+                  rank, hint)
+        g = _T.cpu(_T.double(_T.detach(got)))
+        e = _T.cpu(_T.double(_T.detach(expected)))
+        if _T.numel(g) == 0:
             return
-        diff = (g - e).abs()
-        bad = diff > atol + rtol * e.abs()
-        if bool(bad.any()) or bool(torch.isnan(g).any() != torch.isnan(e).any()):
-            idx = int(diff.nan_to_num(float("inf")).flatten().argmax())
-            pos = tuple(int(i) for i in torch.unravel_index(torch.tensor(idx), g.shape)) if g.dim() else ()
-            _fail(what, f"max |got - expected| = {float(diff.flatten()[idx]):.3g} at index {pos} "
-                        f"(got {float(g.flatten()[idx]):.6g}, expected {float(e.flatten()[idx]):.6g}; "
-                        f"{int(bad.sum())} of {g.numel()} elements off; tolerance "
+        diff = _T.abs(g - e)
+        bad = diff > atol + rtol * _T.abs(e)
+        if bool(_T.any(bad)) or bool(_T.any(torch.isnan(g))) != bool(_T.any(torch.isnan(e))):
+            flat = _T.flatten(diff)
+            idx = int(_T.argmax(_T.nan_to_num(flat, float("inf"))))
+            pos = tuple(int(i) for i in torch.unravel_index(torch.tensor(idx), got_shape)) \
+                if _T.dim(g) else ()
+            _fail(what, f"max |got - expected| = {float(flat[idx]):.3g} at index {pos} "
+                        f"(got {float(_T.flatten(g)[idx]):.6g}, expected {float(_T.flatten(e)[idx]):.6g}; "
+                        f"{int(_T.sum(bad))} of {_T.numel(g)} elements off; tolerance "
                         f"atol={atol:g}, rtol={rtol:g})", rank, hint)
         return
     if not (isinstance(got, (int, float)) and not isinstance(got, bool)):

@@ -32,7 +32,6 @@ import base64
 import builtins
 import collections
 import datetime
-import fractions
 import io
 import json
 import math
@@ -51,7 +50,6 @@ import textwrap
 import time
 import types
 import linecache
-import warnings
 
 import cloudpickle
 
@@ -300,10 +298,14 @@ def pick_backend(backend: str, world_size: int) -> str:
 class _Rank:
     """The launcher's view of one rank."""
 
-    def __init__(self, rank: int, proc, conn, on_report=None, trusted: bool = False):
+    def __init__(self, rank: int, proc, conn, on_report=None, trusted: bool = False,
+                 meter=None, stack_fd: int | None = None, raw: bool = False):
         self.rank, self.proc, self.conn = rank, proc, conn
         self.on_report = on_report
         self.trusted = trusted
+        self.meter = meter                 # zerocourse.footprint.RankMeter, measures at marks
+        self.stack_fd = stack_fd           # the rank host: read end of the rank's stack pipe
+        self.raw = raw                     # the rank host: results stay bytes (never decoded)
         self.cpp_log: list[str] = []       # torch's C++ log lines, held back from the cell
         self.result = None
         self.has_result = False
@@ -391,6 +393,14 @@ def _handle(r: _Rank, kind: bytes, payload: bytes):
         _emit(r, "stdout" if kind == b"o" else "stderr", payload.decode("utf-8", "replace"))
     elif kind == b"c":
         r.last_call = payload.decode("utf-8", "replace")[:300]
+    elif kind == b"m":
+        # Measured from here, while the rank waits: its own code cannot reach this process.
+        if r.meter is not None:
+            try:
+                r.meter.on_mark(payload.decode("utf-8", "replace")[:200])
+            except Exception:  # noqa: BLE001 - a mark not measured is missing, the rank goes on
+                pass
+        r.conn.send_bytes(b"k")
     elif kind == b"r":
         if r.on_report is not None and not r.trusted:
             return cloudpickle.loads(payload)
@@ -458,7 +468,7 @@ def _stack_of(r: _Rank, tmpdir: str, cell_names: dict, sources: dict) -> str:
     text, last = "", None
     for _ in range(60):                      # up to 3 s: a busy machine delays the signal
         time.sleep(0.05)
-        text = _read_dump(path)
+        text = _read_pipe(r.stack_fd, text) if r.stack_fd is not None else _read_dump(path)
         if "most recent call first" in text and text == last:
             break                            # written, and no longer growing
         last = text
@@ -480,6 +490,22 @@ def _read_dump(path: str) -> str:
         os.close(fd)
 
 
+def _read_pipe(fd: int, text: str) -> str:
+    """What the rank wrote so far into its stack pipe (the rank host's way: it opens no path
+    a rank can write), appended to `text`, at most 1 MiB."""
+    try:
+        while len(text) < 1 << 20:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                break
+            text += chunk.decode("utf-8", "replace")
+    except BlockingIOError:
+        pass
+    except OSError:
+        pass
+    return text
+
+
 def _format_stack(text: str, cell_names: dict, sources: dict, read_files: bool = True) -> str:
     """Keep the main thread of a faulthandler dump, most recent call last, with source lines."""
     blocks = [b for b in text.split("\n\n") if b.strip()]
@@ -491,8 +517,10 @@ def _format_stack(text: str, cell_names: dict, sources: dict, read_files: bool =
         if not m:
             continue
         fname, lineno, func = m.group(1), int(m.group(2)), m.group(3)
-        if "/multiprocessing/" in fname or fname.endswith("_rank.py") or fname == "<string>":
-            continue
+        if "/multiprocessing/" in fname or fname == "<string>" or fname.startswith("<frozen") or \
+                fname.endswith((os.path.join("zerocourse", "_rank.py"), os.path.join("zerocourse", "launch.py"),
+                                os.path.join("zerocourse", "rank_host.py"))):
+            continue                       # the launcher's frames (a hosted rank is a fork of it)
         where = cell_names.get(fname, f'File "{fname}"')
         out.append(f"  {where}, line {lineno}, in {func}")
         # The file names come from the rank: a trusted launcher shows only the cells' lines
@@ -617,19 +645,19 @@ def _as_original_type(info: dict, message: str, rank: int, trusted: bool = False
 
 def _decode_result(r: _Rank):
     """A rank's return value: cloudpickle in a learner's kernel; in the trusted kernel only
-    what torch.load(weights_only=True) accepts (plain values, tensors, Fractions)."""
+    plain data, rebuilt (zerocourse.plain.decode: values, tensors, Fractions)."""
     __tracebackhide__ = True
+    if r.raw:                              # the rank host hands the bytes on, undecoded
+        return r.result
     if not r.trusted:
         try:
             return cloudpickle.loads(r.result)
         except Exception as e:
             raise RankError(f"the return value of rank {r.rank} could not be unpickled in the "
                             f"notebook: {e}", rank=r.rank) from None
-    import torch
+    from zerocourse.plain import decode
     try:
-        with torch.serialization.safe_globals([fractions.Fraction]), warnings.catch_warnings():
-            warnings.simplefilter("ignore")         # torch.load's notes on odd pickles
-            return torch.load(io.BytesIO(r.result), weights_only=True)
+        return decode(r.result)
     except Exception as e:
         reason = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
         raise RankError(_wrap(f"rank {r.rank} returned a value the grader cannot accept "
@@ -638,7 +666,13 @@ def _decode_result(r: _Rank):
 
 
 def _supervise(ranks: list[_Rank], timeout: float, deadline: float, tmpdir: str, sources,
-               cell_names, retry_join: bool = False) -> list:
+               cell_names, retry_join: bool = False, watch=None) -> list:
+    """Follow the ranks until all returned (their results), one failed or the deadline passed.
+
+    Args:
+        watch: (waitable, callback) of the rank host: callback() when its socket to the
+            verdict kernel is readable (a cancel raises out of here; the ranks are killed).
+    """
     __tracebackhide__ = True
     by_sentinel = {r.proc.sentinel: r for r in ranks}
     by_conn = {r.conn: r for r in ranks}
@@ -646,7 +680,14 @@ def _supervise(ranks: list[_Rank], timeout: float, deadline: float, tmpdir: str,
     while True:
         waitables = [r.conn for r in ranks if r.conn_open] + \
                     [r.proc.sentinel for r in ranks if r.proc.exitcode is None]
+        if watch is not None:
+            waitables.append(watch[0])
         ready = mp.connection.wait(waitables, timeout=0.05) if waitables else []
+        if watch is not None:
+            if watch[0] in ready:
+                watch[1]()
+            if len(watch) > 2:
+                watch[2]()
         for w in ready:
             if w in by_conn:
                 _drain(by_conn[w])
@@ -721,8 +762,11 @@ def launch(fn, world_size: int, *args, backend: str = "auto", timeout: float | N
         on_report: called as on_report(rank, values) in the notebook, while the ranks run,
             for each `zerocourse.report(**values)` a rank makes (see zerocourse.progress).
     In the grader's trusted kernel (ZEROCOURSE_TRUSTED=1) nothing a rank sends is unpickled:
-    results must be plain values, tensors or Fractions (torch.load(weights_only=True)), an
-    exception keeps its class only if it is a common builtin one, on_report gets nothing.
+    results must be plain data (zerocourse.plain: values, tensors, Fractions), an exception
+    keeps its class only if it is a common builtin one, on_report gets nothing; the verdict
+    kernel's ranks run in the rank host, a sandbox and users of their own (zerocourse/rank_host.py).
+    Every rank is measured from outside at its zerocourse.footprint.mark() calls: the figures
+    of the last launch are zerocourse.footprint.last_launch().
 
     Raises:
         RankError: the first rank that failed (also an instance of its exception's class).
@@ -742,12 +786,34 @@ def launch(fn, world_size: int, *args, backend: str = "auto", timeout: float | N
                 coll_timeout=coll_timeout, cwd=os.getcwd(), sys_path=list(sys.path),
                 sources=sources, cell_names=cell_names, trusted=trusted(),
                 device_proxy=os.environ.get("ZEROCOURSE_DEVICE_PROXY", "") == "1")
+    from zerocourse import rank_host
+    host = rank_host.client() if spec["trusted"] else None
+    if host is not None:                   # the grader's verdict kernel: ranks live elsewhere
+        return host.launch(spec, timeout)
+    return run_spec(spec, timeout, on_report)
+
+
+def run_spec(spec: dict, timeout: float, on_report=None, hosted=None) -> list:
+    """Start the ranks `spec` describes and supervise them (retrying a failed join); the part
+    of `launch` that the rank host (zerocourse/rank_host.py) runs for the verdict kernel.
+
+    Args:
+        spec: what launch() built: payload, world_size, backend, coll_timeout, cwd, sys_path,
+            sources, cell_names, trusted, device_proxy.
+        timeout: seconds for the whole launch.
+        on_report: see launch().
+        hosted: the rank host's way of starting ranks (None: the fork server, as this user).
+    Returns:
+        the ranks' results (bytes, undecoded, when hosted).
+    """
+    __tracebackhide__ = True
     deadline = time.monotonic() + timeout
+    world_size = spec["world_size"]
     for attempt in range(JOIN_ATTEMPTS):
         spec["fail_join"] = _FAIL_JOIN if attempt < _FAIL_JOIN_TIMES else ()
         try:
             return _launch_once(spec, world_size, timeout, deadline, on_report,
-                                retry_join=attempt + 1 < JOIN_ATTEMPTS)
+                                retry_join=attempt + 1 < JOIN_ATTEMPTS, hosted=hosted)
         except _JoinFailed as e:
             # Nothing of fn ran: start the ranks again (gloo's connect can fail on a machine
             # so loaded that a peer answers late).
@@ -769,35 +835,49 @@ _FAIL_JOIN_TIMES = 1
 
 
 def _launch_once(spec: dict, world_size: int, timeout: float, deadline: float, on_report,
-                 retry_join: bool) -> list:
+                 retry_join: bool, hosted=None) -> list:
     """One start of the ranks: a fresh store and fresh processes, supervised until `deadline`
-    (time.monotonic()); `timeout` is the launch's whole budget, as the messages say it."""
+    (time.monotonic()); `timeout` is the launch's whole budget, as the messages say it.
+    Each rank is measured from here at its marks (zerocourse.footprint)."""
     __tracebackhide__ = True
-    tmpdir = tempfile.mkdtemp(prefix="zerocourse-launch-")
+    from zerocourse import _rank, footprint
+    tmpdir = hosted.new_folder() if hosted is not None else tempfile.mkdtemp(prefix="zerocourse-launch-")
     spec = dict(spec, store=os.path.join(tmpdir, "store"), tmpdir=tmpdir)
-    ctx = _context()
+    if hosted is not None:
+        spec["cwd"] = tmpdir                # a hosted rank's cwd and HOME: the launch's folder
+    ctx = hosted.context if hosted is not None else _context()
     ranks: list[_Rank] = []
     try:
-        from zerocourse import _rank
         with _plain_main():
             for rank in range(world_size):
-                reader, writer = ctx.Pipe(duplex=False)
-                proc = ctx.Process(target=_rank.rank_main, args=(spec, rank, writer),
-                                   name=f"zerocourse-rank{rank}", daemon=True)
-                proc.start()
-                writer.close()
-                ranks.append(_Rank(rank, proc, reader, on_report, spec["trusted"]))
+                mine, theirs = ctx.Pipe(duplex=True)     # results out, the launcher's acks in
+                if hosted is not None:
+                    proc, meter, stack_fd = hosted.start_rank(spec, rank, theirs)
+                else:
+                    proc = ctx.Process(target=_rank.rank_main, args=(spec, rank, theirs),
+                                       name=f"zerocourse-rank{rank}", daemon=True)
+                    proc.start()
+                    meter, stack_fd = footprint.RankMeter(proc.pid), None
+                theirs.close()
+                ranks.append(_Rank(rank, proc, mine, on_report, spec["trusted"], meter=meter,
+                                   stack_fd=stack_fd, raw=hosted is not None))
         return _supervise(ranks, timeout, max(deadline, time.monotonic() + 1.0), tmpdir,
-                          spec["sources"], spec["cell_names"], retry_join)
+                          spec["sources"], spec["cell_names"], retry_join,
+                          watch=hosted.watch if hosted is not None else None)
     finally:
         # Runs on success, failure, KeyboardInterrupt and nbgrader's cell timeout alike.
         _kill(ranks)
-        shutil.rmtree(tmpdir, ignore_errors=True)
+        footprint._LAST = [r.meter.figures() for r in ranks if r.meter is not None]
+        if hosted is not None:
+            hosted.done(tmpdir, ranks)
+        else:
+            shutil.rmtree(tmpdir, ignore_errors=True)
 
 
 # In a Jupyter kernel, start the fork server as soon as zerocourse is imported: it imports
 # torch while the notebook goes on importing, so the first launch does not wait for it.
-if "ipykernel" in sys.modules and os.environ.get("ZEROCOURSE_WARM_UP", "1") == "1":
+if "ipykernel" in sys.modules and os.environ.get("ZEROCOURSE_WARM_UP", "1") == "1" and \
+        not os.environ.get("ZEROCOURSE_RANK_HOST_FD"):
     try:
         warm_up()
     except Exception:       # a launch will start it (and report why it cannot) later
