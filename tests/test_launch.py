@@ -15,6 +15,17 @@ import torch.distributed as dist
 from zerocourse.launch import RankError, RankTimeoutError, launch
 from tests.proc_util import descendants
 
+# A failure must end a launch when it happens, not when a timeout fires. The tests say so against
+# the launch's own timeouts, set far above what any machine needs (a busy 2-core CI runner
+# included): "ended before any timeout could" is a fact about the launcher, whereas a bound in
+# seconds would be a fact about the machine's load (issue 26: no timing bound in a unit test).
+LONG = dict(timeout=300, collective_timeout=150)
+
+
+def _ended_before_the_timeouts(t0: float) -> None:
+    took = time.monotonic() - t0
+    assert took < LONG["collective_timeout"], f"the launch waited {took:.0f} s: for a timeout?"
+
 
 def _ident(rank, world_size, extra=0):
     t = torch.tensor([float(rank)])
@@ -77,9 +88,10 @@ def _dies(rank, world_size, how):
 def test_a_dead_rank_is_blamed_before_the_echo_on_its_peers(how, text):
     t0 = time.monotonic()
     with pytest.raises(RankError) as info:
-        launch(_dies, 3, how, timeout=30)
+        launch(_dies, 3, how, **LONG)
     assert info.value.rank == 1 and text in str(info.value)
-    assert time.monotonic() - t0 < 10
+    assert not isinstance(info.value, RankTimeoutError), str(info.value)
+    _ended_before_the_timeouts(t0)
 
 
 def _size_mismatch(rank, world_size):
@@ -105,11 +117,12 @@ def _only_rank0(rank, world_size):
 def test_collective_on_only_some_ranks_gives_a_clear_error():
     t0 = time.monotonic()
     with pytest.raises(RankError) as info:
-        launch(_only_rank0, 2, timeout=30)
+        launch(_only_rank0, 2, **LONG)
     msg = str(info.value)
     assert "rank 0" in msg and "all_reduce(float32[3])" in msg
     assert "collective called on only some ranks" in msg
-    assert time.monotonic() - t0 < 10
+    assert not isinstance(info.value, RankTimeoutError), msg
+    _ended_before_the_timeouts(t0)
 
 
 def _mismatched(rank, world_size):
@@ -122,12 +135,12 @@ def _mismatched(rank, world_size):
 
 
 def test_deadlock_in_mismatched_collectives_ends_with_the_collectives_named():
-    t0 = time.monotonic()
+    # Ended by the collective timeout (3 s, gloo's "Timed out" on a rank), not by the launch's
+    # (300 s, a RankTimeoutError): the deadlock is a rank's error that names its collective.
     with pytest.raises(RankError) as info:
-        launch(_mismatched, 2, timeout=20, collective_timeout=3)
-    took = time.monotonic() - t0
+        launch(_mismatched, 2, timeout=LONG["timeout"], collective_timeout=3)
     msg = str(info.value)
-    assert took < 15, took
+    assert not isinstance(info.value, RankTimeoutError), msg
     assert "broadcast(float32[4])" in msg and "all_reduce(float32[4])" in msg
     assert "Timed out" in msg or "timed out" in msg
 
@@ -140,11 +153,13 @@ def _spins(rank, world_size):
 
 
 def test_infinite_loop_times_out_with_stack_and_last_collective():
+    # Ended by its own timeout (4 s), long before the collective's (150 s) could matter: a
+    # launcher that did not enforce it would hang until pytest's 600 s.
     t0 = time.monotonic()
     with pytest.raises(RankTimeoutError) as info:
-        launch(_spins, 2, timeout=4)
+        launch(_spins, 2, timeout=4, collective_timeout=LONG["collective_timeout"])
     msg = str(info.value)
-    assert time.monotonic() - t0 < 10
+    _ended_before_the_timeouts(t0)
     assert "rank(s) [1] did not finish" in msg
     assert "last call: barrier() [call #1]" in msg
     assert "in _spins" in msg and "while True: pass" in msg   # the stuck line, from the rank's stack
@@ -228,10 +243,7 @@ def test_ctrl_c_leaves_no_process_behind(tmp_path):
     out = proc.stdout.read()
     assert proc.wait(timeout=30) == 0
     assert "interrupted" in out
-    time.sleep(0.5)
-    alive = [p for p in ranks if os.path.exists(f"/proc/{p}") and
-             open(f"/proc/{p}/stat").read().split()[2] != "Z"]
-    assert alive == [], f"processes left behind: {alive}"
+    assert _still_alive(ranks) == [], "processes left behind"
 
 
 def test_killed_parent_takes_its_ranks_with_it(tmp_path):
@@ -250,14 +262,25 @@ def test_killed_parent_takes_its_ranks_with_it(tmp_path):
     tree = descendants(proc.pid)
     proc.kill()
     proc.wait()
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        alive = [p for p in tree if os.path.exists(f"/proc/{p}") and
-                 open(f"/proc/{p}/stat").read().split()[2] != "Z"]
-        if not alive:
-            break
+    assert _still_alive(tree) == [], "processes left behind"
+
+
+def _still_alive(pids, within: float = 30) -> list[int]:
+    """The pids (not zombies) still alive after `within` s: dying takes longer on a busy machine,
+    so the test waits for it (polling) instead of sleeping a fixed time."""
+    deadline = time.monotonic() + within
+    while True:
+        alive = []
+        for p in pids:
+            try:
+                with open(f"/proc/{p}/stat") as f:
+                    if f.read().rsplit(")", 1)[1].split()[0] != "Z":
+                        alive.append(p)
+            except OSError:
+                pass
+        if not alive or time.monotonic() > deadline:
+            return alive
         time.sleep(0.2)
-    assert alive == [], f"processes left behind: {alive}"
 
 
 def _ranks_ran(rank, world_size):
@@ -290,16 +313,34 @@ def test_a_join_that_keeps_failing_is_reported(monkeypatch):
 # --------------------------------------------------------------------------
 # honest messages
 # --------------------------------------------------------------------------
-def _rank0_returns_rank1_raises(rank, world_size):
-    if rank == 1:
-        time.sleep(0.3)                    # rank 0 has returned by now
-        raise ValueError("a plain mistake, no collective involved")
-    return rank
+def _rank0_returns_rank1_raises(rank, world_size, folder):
+    pid_file = os.path.join(folder, "rank0.pid")
+    if rank == 0:
+        with open(pid_file + ".tmp", "w") as f:
+            f.write(str(os.getpid()))
+        os.rename(pid_file + ".tmp", pid_file)
+        return rank
+    # Raise only once rank 0 has returned and its process is gone (its result sent): a fixed
+    # sleep here raced rank 0 on a busy machine.
+    while not os.path.exists(pid_file):
+        time.sleep(0.02)
+    with open(pid_file) as f:
+        stat = f"/proc/{f.read()}/stat"
+    while True:
+        try:
+            with open(stat) as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    break
+        except OSError:
+            break
+        time.sleep(0.02)
+    time.sleep(0.3)
+    raise ValueError("a plain mistake, no collective involved")
 
 
-def test_no_collective_hint_without_a_rank_stuck_in_a_collective():
+def test_no_collective_hint_without_a_rank_stuck_in_a_collective(tmp_path):
     with pytest.raises(ValueError) as info:
-        launch(_rank0_returns_rank1_raises, 2, timeout=30)
+        launch(_rank0_returns_rank1_raises, 2, str(tmp_path), **LONG)
     msg = str(info.value)
     assert "a plain mistake" in msg and "rank 0: returned" in msg
     assert "only some ranks" not in msg
@@ -369,9 +410,10 @@ def test_garbage_on_the_pipe_is_that_ranks_failure(what, monkeypatch):
     monkeypatch.setenv("ZEROCOURSE_TRUSTED", "1")
     t0 = time.monotonic()
     with pytest.raises(RankError) as info:
-        launch(_writes_garbage, 2, what, timeout=30)
+        launch(_writes_garbage, 2, what, **LONG)
     assert info.value.rank == 1, str(info.value)
-    assert time.monotonic() - t0 < 10
+    assert not isinstance(info.value, RankTimeoutError), str(info.value)
+    _ended_before_the_timeouts(t0)
 
 
 # --------------------------------------------------------------------------
@@ -504,6 +546,7 @@ def test_trusted_timeout_reads_no_file_a_rank_names_and_never_blocks(monkeypatch
     import tempfile
     monkeypatch.setattr(tempfile, "tempdir", None)
     t0 = time.monotonic()
-    with pytest.raises(RankTimeoutError):
-        launch(_spins_with_a_fifo, 2, str(tmp_path), timeout=4)
-    assert time.monotonic() - t0 < 15
+    with pytest.raises(RankTimeoutError):                # a blocking open would hang until 600 s
+        launch(_spins_with_a_fifo, 2, str(tmp_path), timeout=4,
+               collective_timeout=LONG["collective_timeout"])
+    _ended_before_the_timeouts(t0)
