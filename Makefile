@@ -28,16 +28,18 @@ sandbox-tools:
 	    apt-get update -qq >/dev/null && apt-get install -y -qq bubblewrap >/dev/null; \
 	  else echo "bubblewrap missing: sudo apt-get install bubblewrap (or grade with ZEROCOURSE_SANDBOX=0)"; fi; }
 
-# Two pytest workers (whole files each): the grading battery mostly waits on timeouts and
-# kernels, so it overlaps well with the rest even on 2 cores. The browser test runs after, alone:
-# a browser, a Jupyter server and ranks beside two busy workers overload a 2-core machine.
-# The hub test comes last, alone too (a hub, three users' servers, a browser and grading).
+# Two pytest workers: the grading battery mostly waits on timeouts and kernels, so it overlaps
+# well with the rest even on 2 cores. Work units are groups (tests/conftest.py): a file whose
+# tests share a module fixture goes whole to one worker, the tests of the other files one by
+# one, longest first. The browser test runs after, alone: a browser, a Jupyter server and ranks
+# beside two busy workers overload a 2-core machine. The hub test comes last, alone too (a hub,
+# three users' servers, a browser and grading). The last lines give each part's wall time.
 TEST_WORKERS ?= 2
 test: setup sandbox-tools
-	$(PY) -m pytest tests -n $(TEST_WORKERS) --dist loadfile --durations=25 --ignore=tests/test_browser.py \
-	  --ignore=tests/test_hub.py
-	$(PY) -m pytest tests/test_browser.py
-	$(PY) -m pytest tests/test_hub.py
+	$(PY) tests/run_parts.py \
+	  "parallel part=$(PY) -m pytest tests -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder --durations=25 --ignore=tests/test_browser.py --ignore=tests/test_hub.py" \
+	  "browser=$(PY) -m pytest tests/test_browser.py" \
+	  "hub=$(PY) -m pytest tests/test_hub.py"
 
 # The notebooks in JupyterLab and Notebook 7, driven in headless Chromium (part of `make test`;
 # it installs Debian's chromium + chromium-driver itself when it can, and skips saying why if not).
