@@ -1,4 +1,11 @@
-"""Every notebook: release hygiene, runs top to bottom, and nbgrader's own validate."""
+"""Every notebook: release hygiene, runs top to bottom, and nbgrader's own validate.
+
+The solutions run top to bottom with ZEROCOURSE_DEVICE_PROXY=1 in the kernel's environment
+(zerocourse/devices.py, issue 29): inside a rank a tensor created without the rank's device lands
+on `meta` and fails loudly, as it would on a GPU under NCCL, so a course cell that forgets the
+device fails here, on CPU. A notebook that does not pass so yet is listed in KNOWN_PROXY_FAILURES
+(xfail, strict: the entry must go once it passes), never skipped.
+"""
 import glob
 import json
 import os
@@ -14,6 +21,7 @@ from nbclient.exceptions import CellExecutionError, CellTimeoutError
 
 from tests import figure_audit
 from tests.proc_util import descendants
+from tests.timeline import record_timing
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 AIDS = sorted(os.path.basename(os.path.dirname(p))
@@ -21,15 +29,16 @@ AIDS = sorted(os.path.basename(os.path.dirname(p))
 BIN = os.path.dirname(sys.executable)
 
 
-def _record(kind: str, key: str, seconds: float) -> None:
-    """Keep a measured time in artifacts/timings/<kind>.json (for the workshop plan's figures)."""
-    folder = os.path.join(ROOT, "artifacts", "timings")
-    os.makedirs(folder, exist_ok=True)
-    path = os.path.join(folder, f"{kind}.json")
-    data = json.load(open(path)) if os.path.exists(path) else {}
-    data[key] = {"seconds": round(seconds, 1), "load": round(os.getloadavg()[0], 1)}
-    with open(path, "w") as f:
-        json.dump(data, f, indent=1)
+# aid -> the error its solution still raises under the device proxy (the notebook's owner fixes
+# it; then the entry goes: strict xfail turns an XPASS red).
+KNOWN_PROXY_FAILURES: dict[str, str] = {}
+PROXY_ENV = dict(os.environ, ZEROCOURSE_DEVICE_PROXY="1")
+
+
+def _top_to_bottom_params():
+    return [pytest.param(aid, marks=[pytest.mark.xfail(strict=True, reason="device proxy: " +
+                                                       KNOWN_PROXY_FAILURES[aid])]
+                         if aid in KNOWN_PROXY_FAILURES else []) for aid in AIDS]
 
 
 def _read(kind, aid):
@@ -67,9 +76,10 @@ def test_release_is_fresh():
 _LIVE_CELL = "print('LIVE=' + repr({k: len(v[0]) for k, v in curve.data.items()}), curve.draws)"
 
 
-@pytest.mark.parametrize("aid", AIDS)
+@pytest.mark.parametrize("aid", _top_to_bottom_params())
 def test_solution_runs_top_to_bottom(aid):
-    """Runs in under 2 minutes; every figure has a title, axis labels, a legend and rank colours."""
+    """Every cell runs (each has 150 s), under the device proxy; every figure has a title, axis
+    labels, a legend and rank colours."""
     nb = nbformat.read(os.path.join(ROOT, "solutions", aid, f"{aid}.ipynb"), as_version=4)
     n = len(nb.cells)
     nb.cells.insert(0, nbformat.v4.new_code_cell(figure_audit.AUDIT_CELL))
@@ -78,12 +88,13 @@ def test_solution_runs_top_to_bottom(aid):
         nb.cells.append(nbformat.v4.new_code_cell(_LIVE_CELL))
     t0 = time.monotonic()
     NotebookClient(nb, timeout=150, kernel_name="python3",
-                   resources={"metadata": {"path": os.path.join(ROOT, "solutions", aid)}}).execute()
+                   resources={"metadata": {"path": os.path.join(ROOT, "solutions", aid)}}
+                   ).execute(env=PROXY_ENV)
     took = time.monotonic() - t0
     # Printed, not asserted: run times are measured by `make bench` (on a busy CI machine a
     # time bound here fails for the machine, not the notebook); each cell still has 150 s.
     print(f"{aid}: executed in {took:.1f} s")
-    _record("notebook_run_s", aid, took)
+    record_timing("notebook_run_s", aid, took, device_proxy=True)
     report = figure_audit.parse("".join(o.get("text", "") for o in nb.cells[n + 1].outputs))
     assert report, f"{aid} drew no figure"
     assert figure_audit.problems(report) == []
