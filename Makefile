@@ -3,11 +3,12 @@
 .DEFAULT_GOAL := help
 include setup.mk
 
-.PHONY: help setup sandbox-tools lab test test-browser test-hub hub hub-down screenshots release check-release grade feedback check export formgrader handout bench wheelhouse clean-venv
+.PHONY: help setup sandbox-tools lab test test-gpu test-browser test-hub hub hub-down screenshots release check-release grade feedback check export formgrader handout bench wheelhouse clean-venv
 
 help:
 	@echo "make lab       set up .venv and open the course in JupyterLab (your copies: $(WORKDIR)/)"
 	@echo "make test      set up .venv and run every test"
+	@echo "make test-gpu       the course on NCCL: needs one GPU per rank (4); says so and fails without"
 	@echo "make test-browser   only the browser test (JupyterLab + Notebook 7 in headless Chromium)"
 	@echo "make test-hub       only the JupyterHub test (deploy/hub/, as root: users, exchange, grading)"
 	@echo "make hub USERS=file [HUB_ARGS=...]   set up and start the course's JupyterHub (root)"
@@ -40,6 +41,13 @@ test: setup sandbox-tools
 	  "parallel part=$(PY) -m pytest tests -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder --durations=25 --ignore=tests/test_browser.py --ignore=tests/test_hub.py" \
 	  "browser=$(PY) -m pytest tests/test_browser.py" \
 	  "hub=$(PY) -m pytest tests/test_hub.py"
+
+# The course on NCCL (tests/gpu_suite.py): the launcher probe, every solution top to bottom, the
+# graded cells with the reference solutions and the bench's stages, with one GPU per rank. On a
+# machine without them it says so in one line and exits 1. GPU_ARGS="--dry-run" shows the plan.
+GPU_ARGS ?=
+test-gpu: setup
+	@$(PY) tests/gpu_suite.py $(GPU_ARGS)
 
 # The notebooks in JupyterLab and Notebook 7, driven in headless Chromium (part of `make test`;
 # it installs Debian's chromium + chromium-driver itself when it can, and skips saying why if not).
