@@ -43,6 +43,20 @@ def test_lpt_order_longest_unit_first_groups_together_and_in_order():
         ["tests/b.py::solo@g", "tests/c.py::fast"]
 
 
+def test_workers_write_each_tests_group_for_the_scheduler(tmp_path, monkeypatch):
+    monkeypatch.setattr(conftest, "_estimates", lambda: {"tests/test_nb03.py::big": 99})
+    items = [_item("tests/test_data.py::a"), _item("tests/test_nb03.py::small"),
+             _item("tests/test_data.py::b"), _item("tests/test_nb03.py::big"),
+             _item("tests/test_grading_e2e.py::t[x]", "e2e-1")]
+    path = tmp_path / "groups.json"
+    config = types.SimpleNamespace(workerinput={"zerocourse_groups": str(path), "workerid": "gw0"})
+    conftest.pytest_collection_modifyitems(None, config, items)
+    assert json.loads(path.read_text()) == {"tests/test_data.py::a": "tests/test_data.py",
+                                            "tests/test_data.py::b": "tests/test_data.py",
+                                            "tests/test_grading_e2e.py::t[x]": "e2e-1"}
+    assert items[0].nodeid == "tests/test_nb03.py::big"          # the longest unit first
+
+
 def test_durations_file_is_readable():
     est = conftest._estimates()
     assert isinstance(est, dict) and all(isinstance(v, (int, float)) for v in est.values())
