@@ -44,7 +44,8 @@ def test_lpt_order_longest_unit_first_groups_together_and_in_order():
 
 
 def test_workers_write_each_tests_group_for_the_scheduler(tmp_path, monkeypatch):
-    monkeypatch.setattr(conftest, "_estimates", lambda: {"tests/test_nb03.py::big": 99})
+    monkeypatch.setattr(conftest, "_estimates", lambda: {"tests/test_nb03.py::big": 99,
+                                                         "tests/test_nb03.py::small": 1})
     items = [_item("tests/test_data.py::a"), _item("tests/test_nb03.py::small"),
              _item("tests/test_data.py::b"), _item("tests/test_nb03.py::big"),
              _item("tests/test_grading_e2e.py::t[x]", "e2e-1")]
