@@ -48,7 +48,7 @@ SETTLE_S = 15
 # Names IPython itself gives every kernel.
 _IPYTHON = {"display", "get_ipython", "In", "Out", "exit", "quit"}
 # What a test cell may show the learner: the checks' own lines.
-_CHECK_LINE = re.compile(r"^\s*(✅|❌)")
+_CHECK_LINE = re.compile(r"^\s*(✅|❌|☑)")
 
 
 def _meta(cell) -> dict:

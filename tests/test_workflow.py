@@ -29,9 +29,14 @@ def test_instructor_cycle(tmp_path):
     replace_in(nb, "setup-global-mean", "return out / dist.get_world_size()", "return out")
     bo = write(nb, subs, "bo", AID)
 
-    # Learners self-check before submitting (the grader's own execution, visible tests).
-    ok = _make("check", f"NOTEBOOK={ada}")
+    # Learners self-check before submitting (the grader's own execution, visible tests); ada
+    # checks a second attempt saved under another name (the cells say which assignment it is).
+    alt = os.path.join(os.path.dirname(ada), f"{AID}_alt.ipynb")
+    shutil.copy(ada, alt)
+    ok = _make("check", f"NOTEBOOK={alt}")
+    os.unlink(alt)                             # the grader collects <assignment>.ipynb only
     assert ok.returncode == 0 and "✅ every autograded point" in ok.stdout, ok.stdout + ok.stderr
+    assert f"(assignment {AID}, from its graded cells" in ok.stdout, ok.stdout
     bad = _make("check", f"NOTEBOOK={bo}")
     assert bad.returncode != 0 and "point(s) lost" in bad.stdout, bad.stdout
     assert "❌ global_mean on 2 ranks" in bad.stdout and "Hint:" in bad.stdout, bad.stdout

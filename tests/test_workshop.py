@@ -5,7 +5,8 @@ One grading of three 00_setup submissions covers `make grade` end to end (JOBS=2
 line per submission, the collected layout with timestamp.txt, then a re-grade of one learner
 from an exchange inbound/ folder merged into the same OUT), then `make export` on that OUT.
 The handout is checked for what it must not contain (solutions/, tests/, nbgrader markers,
-any line of a solution or hidden test) and for what it must do (`make check` from it).
+any solution or hidden test, paraphrased or not: tests/leak.py) and for what it must do
+(`make check` from it).
 """
 import csv
 import json
@@ -120,39 +121,9 @@ def test_make_usage_errors_are_clear(tmp_path):
 
 
 # --- the handout -------------------------------------------------------------------------------
-
-def _secret_lines() -> set[str]:
-    """Every line (40+ characters, not a comment) inside a solution or hidden-test region."""
-    lines = set()
-    for aid in sorted(os.listdir(os.path.join(ROOT, "solutions"))):
-        for cell in load("solutions", aid)["cells"]:
-            on = False
-            for line in "".join(cell["source"]).splitlines():
-                if "BEGIN SOLUTION" in line or "BEGIN HIDDEN TESTS" in line:
-                    on = True
-                elif "END SOLUTION" in line or "END HIDDEN TESTS" in line:
-                    on = False
-                elif on and len(line.strip()) >= 40 and not line.strip().startswith("#"):
-                    lines.add(line.strip())
-    return lines
-
-
-# Lines that are in a solution and, for a reason unrelated to it, elsewhere too.
-BENIGN = {
-    # a visible self-check repeated in the hidden test of 00
-    "check_true(isinstance(value, (int, float)) and not isinstance(value, bool),",
-    # zerocourse's non-sharded Adam (the oracle, given) allocates its state like any Adam
-    "self.exp_avg = [torch.zeros_like(m) for m in self.master]",
-    "self.exp_avg_sq = [torch.zeros_like(m) for m in self.master]",
-    # the memory calculator calls the learner's function by its contract name
-    "per = bytes_per_parameter(precision, optimizer)",
-    # zerocourse.shard_holder.ShardHolder (05 part D's given module) sets itself up like any
-    # sharded module; it holds no part of A-C's answer (its gradients are all-reduced)
-    "self.numel = sum(p.numel() for p in self.params)",
-    "world_size, rank = dist.get_world_size(), dist.get_rank()",
-    "if all(p.grad is None for p in unit.params):",
-}
-
+# What it must not contain is decided by tests/leak.py (normalised token n-grams, paraphrases
+# included) on the handout's own files: the same allowlist as tests/test_leak.py, whose scan of
+# the repository covers every file the handout ships (checked here too).
 
 @pytest.fixture(scope="module")
 def handout(tmp_path_factory):
@@ -163,21 +134,29 @@ def handout(tmp_path_factory):
 
 
 def test_handout_has_no_solutions_or_hidden_tests(handout):
+    from tests import leak
     top = sorted(os.listdir(handout))
     assert "solutions" not in top and "tests" not in top and "bench" not in top, top
     assert not os.path.exists(handout / "autograder" / "notes"), "instructor notes in the handout"
-    secret = _secret_lines() - BENIGN
-    assert len(secret) > 200                  # the check reads the real solutions
-    leaks = []
+    files = []
     for dirpath, dirnames, filenames in os.walk(handout):
         dirnames[:] = [d for d in dirnames if d != ".git"]
-        for name in filenames:
-            text = open(os.path.join(dirpath, name), encoding="utf-8", errors="ignore").read()
-            for marker in ("BEGIN SOLUTION", "BEGIN HIDDEN TESTS"):
-                if marker in text:
-                    leaks.append((name, marker))
-            leaks += [(name, line) for line in secret if line in text]
-    assert not leaks, leaks[:10]
+        files += [os.path.relpath(os.path.join(dirpath, n), handout) for n in filenames]
+    markers = [(f, m) for f, text in leak.read_texts(files, str(handout)).items()
+               for m in ("BEGIN SOLUTION", "BEGIN HIDDEN TESTS") if m in text]
+    assert not markers, markers
+    # every shipped file is one the repository's leak scan reads (the handout's README and
+    # Makefile are autograder/handout/'s)
+    scanned = set(leak.visible_files())
+    unscanned = [f for f in files if f != ".gitignore" and f not in scanned
+                 and os.path.join("autograder", "handout", f) not in scanned]
+    assert not unscanned, unscanned
+    allowed = leak.read_allowlist()
+    regions, matches = leak.scan_texts(leak.notebooks("solutions"),
+                                       leak.read_texts(files, str(handout)), allowed)
+    assert len(regions) > 60                  # the check reads the real solutions
+    bad = leak.unexplained(matches, allowed)
+    assert not bad, "\n".join(leak.describe(m) for m in bad[:10])
     assert sorted(os.listdir(handout / "notebooks")) == sorted(os.listdir(os.path.join(ROOT, "notebooks")))
 
 
