@@ -187,16 +187,23 @@ def test_bench_class_submits_what_a_learner_submits():
         assert bench._as_submission(aid) == solution_as_submission(aid)
 
 
-def test_class_table_for_the_workshop_notes():
-    from zerocourse import bench
-    c = {"size": 20, "notebooks": {"00_setup": {"jobs1_s": 600.0, "jobs2_s": 480.0},
-                                   "01_bytes_per_parameter": {"jobs1_s": 540.0}},
-         "totals": {"jobs1_s": 600.0, "jobs2_s": 480.0}, "totals_over": ["00_setup"],
-         "not_measured": ["01_bytes_per_parameter JOBS=2", "02_data_parallelism JOBS=1",
-                          "02_data_parallelism JOBS=2"]}
-    table = bench.class_table_markdown(c).splitlines()
-    assert table[0] == "| notebook | JOBS=1 (measured) | JOBS=2 (measured) |"
-    assert "| 00_setup | 10 min | 8 min |" in table
-    assert "| 01_bytes_per_parameter | 9 min | not measured |" in table
-    assert "| 02_data_parallelism | not measured | not measured |" in table
-    assert table[-1] == "| all measured (1 notebooks) | 10 min | 8 min |"
+def test_class_measurement_renders_workshops_table_dated():
+    """make bench's class figures -> docs/measured.json -> WORKSHOP's class table (tests/measured.py):
+    measured rows as measured, the others derived and marked so."""
+    from tests import measured
+    m = measured.load()
+    res = {"class": {"size": 20, "date": "2026-12-01", "cpus": 2, "sandboxed": True,
+                     "notebooks": {"00_setup": {"jobs1_s": 600.0, "jobs2_s": 480.0,
+                                                "jobs1_full": 20, "jobs2_full": 20}},
+                     "not_measured": ["01_bytes_per_parameter JOBS=1"]}}
+    import tempfile
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(res, f)
+    measured.from_bench(m, f.name)
+    os.unlink(f.name)
+    assert m["class"]["notebooks"] == {"00_setup": {"jobs1_s": 600.0, "jobs2_s": 480.0}}
+    assert m["class"]["jobs2_speedup"] == 1.25 and "01_bytes_per_parameter JOBS=1" in m["how"]["class"]
+    text = measured.render_workshop(open(measured.WORKSHOP).read(), m, measured.assignments())
+    assert "| notebook | JOBS=1 (measured, 2026-12-01) | JOBS=2 (measured, 2026-12-01) |" in text
+    assert "| 00_setup | 10 min | 8 min |" in text
+    assert "| 01_bytes_per_parameter | " in text and "min (derived) |" in text

@@ -19,8 +19,9 @@ Not a timed test: it measures and reports, in one run (`--only launcher,stages,.
 3. every notebook: its solution run top to bottom headless, and the autograde time of the
    solution submitted through autograder/grade.py (with --blank, of the release copy too);
 4. `--only class`: a class graded: `--class-size` submissions of every notebook with each
-   `--class-jobs` value, the totals, and autograder/notes/WORKSHOP.md's table from them
-   (`--class-budget-min`: what does not fit is listed as not measured).
+   `--class-jobs` value and the totals (`--class-budget-min`: what does not fit is listed as
+   not measured); `python -m tests.measured --from-bench bench/results.json --write` puts them
+   in autograder/notes/WORKSHOP.md's class table, dated.
 
 results.json schema:
     {"machine": {"cpus": int, "torch": str, "gpus": int, "backend": str},
@@ -692,22 +693,6 @@ def bench_class(size: int = 20, jobs: tuple[int, ...] = (1, 2), aids: list[str] 
             "totals_over": complete, "not_measured": not_measured}
 
 
-def class_table_markdown(c: dict) -> str:
-    """bench_class's figures as autograder/notes/WORKSHOP.md's class-grading table (minutes)."""
-    jobs = sorted({int(k[4:-2]) for r in c["notebooks"].values() for k in r if k.endswith("_s")})
-    lines = ["| notebook | " + " | ".join(f"JOBS={j} (measured)" for j in jobs) + " |",
-             "|---|" + "---|" * len(jobs)]
-    for aid, r in c["notebooks"].items():
-        cells = [f"{r[f'jobs{j}_s'] / 60:.0f} min" if f"jobs{j}_s" in r else "not measured" for j in jobs]
-        lines.append(f"| {aid} | " + " | ".join(cells) + " |")
-    for aid in dict.fromkeys(item.split(" ")[0] for item in c.get("not_measured", [])):
-        if aid not in c["notebooks"]:
-            lines.append(f"| {aid} | " + " | ".join("not measured" for _ in jobs) + " |")
-    lines.append(f"| all measured ({len(c['totals_over'])} notebooks) | "
-                 + " | ".join(f"{c['totals'].get(f'jobs{j}_s', 0) / 60:.0f} min" for j in jobs) + " |")
-    return "\n".join(lines)
-
-
 def main(argv=None) -> int:
     import argparse
     parser = argparse.ArgumentParser(description="Course benchmarks: figures printed and written "
@@ -779,7 +764,8 @@ def _print(results: dict) -> None:
               + " ".join(f"{c['totals'].get(j, float('nan')):>10.1f}" for j in jobs))
         if c["not_measured"]:
             print("not measured (budget): " + ", ".join(c["not_measured"]))
-        print("\nfor autograder/notes/WORKSHOP.md (" + c["date"] + "):\n" + class_table_markdown(c))
+        print("WORKSHOP.md's class table from these figures (in the course repository): "
+              "python -m tests.measured --from-bench bench/results.json --write")
     if "launcher" in results:
         print(f"{'ranks':>5} {'zerocourse.launch':>18} {'torchrun':>10} {'ratio':>7}")
     for n, r in results.get("launcher", {}).items():
