@@ -152,12 +152,28 @@ def _spins(rank, world_size):
     return rank
 
 
+def _barrier_only(rank, world_size):
+    dist.barrier()
+    return rank
+
+
+def _spin_timeout() -> float:
+    """A launch timeout for `_spins` that lets both ranks reach their loop on this machine now:
+    4 s, plus three times what a warm 2-rank launch to the same barrier takes here (a fixed 4 s
+    timed out a busy machine's ranks before their barrier)."""
+    launch(_barrier_only, 2)                           # the fork server is up
+    t0 = time.monotonic()
+    launch(_barrier_only, 2)
+    return 4 + 3 * (time.monotonic() - t0)
+
+
 def test_infinite_loop_times_out_with_stack_and_last_collective():
-    # Ended by its own timeout (4 s), long before the collective's (150 s) could matter: a
-    # launcher that did not enforce it would hang until pytest's 600 s.
+    # Ended by its own timeout, long before the collective's (150 s) could matter: a launcher
+    # that did not enforce it would hang until pytest's 600 s.
+    timeout = _spin_timeout()
     t0 = time.monotonic()
     with pytest.raises(RankTimeoutError) as info:
-        launch(_spins, 2, timeout=4, collective_timeout=LONG["collective_timeout"])
+        launch(_spins, 2, timeout=timeout, collective_timeout=LONG["collective_timeout"])
     msg = str(info.value)
     _ended_before_the_timeouts(t0)
     assert "rank(s) [1] did not finish" in msg
@@ -535,10 +551,10 @@ def _spins_with_a_fifo(rank, world_size, tmp):
 
 
 def test_trusted_timeout_reads_no_file_a_rank_names_and_never_blocks(monkeypatch, tmp_path):
-    launch(_returns_at_once, 1)                        # the fork server is up: 4 s are the ranks'
+    timeout = _spin_timeout()                          # the fork server is up: all the ranks'
     monkeypatch.setenv("ZEROCOURSE_TRUSTED", "1")
     with pytest.raises(RankTimeoutError) as info:
-        launch(_spins, 2, timeout=4)
+        launch(_spins, 2, timeout=timeout)
     msg = str(info.value)
     assert "in _spins" in msg                          # the frame, from the rank's dump
     assert "while True: pass" not in msg               # but no line of a file it names
@@ -547,6 +563,6 @@ def test_trusted_timeout_reads_no_file_a_rank_names_and_never_blocks(monkeypatch
     monkeypatch.setattr(tempfile, "tempdir", None)
     t0 = time.monotonic()
     with pytest.raises(RankTimeoutError):                # a blocking open would hang until 600 s
-        launch(_spins_with_a_fifo, 2, str(tmp_path), timeout=4,
+        launch(_spins_with_a_fifo, 2, str(tmp_path), timeout=timeout,
                collective_timeout=LONG["collective_timeout"])
     _ended_before_the_timeouts(t0)
