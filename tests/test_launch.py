@@ -65,7 +65,7 @@ def _fails_on(rank, world_size, bad):
 
 def test_exception_names_the_failing_rank_and_keeps_its_type():
     with pytest.raises(ValueError) as info:
-        launch(_fails_on, 3, 2, timeout=30)
+        launch(_fails_on, 3, 2, **LONG)
     err = info.value
     assert isinstance(err, RankError) and err.rank == 2
     assert "rank 2 failed with ValueError: bad value on rank 2" in str(err)
@@ -102,7 +102,7 @@ def _size_mismatch(rank, world_size):
 
 def test_size_mismatch_abort_is_reported_as_the_cause():
     with pytest.raises(RankError) as info:
-        launch(_size_mismatch, 2, timeout=30)
+        launch(_size_mismatch, 2, **LONG)
     msg = str(info.value)
     assert "SIGABRT" in msg and "different sizes" in msg
     assert f"rank {info.value.rank} was killed by SIGABRT" in msg
@@ -229,7 +229,7 @@ def test_no_rank_survives_a_failed_launch():
     launch(_ident, 2)                                   # the fork server is up
     before = descendants(os.getpid())
     with pytest.raises(RankError):
-        launch(_dies, 3, "abort", timeout=30)
+        launch(_dies, 3, "abort", **LONG)
     with pytest.raises(RankTimeoutError):
         launch(_spins, 2, timeout=3)
     assert descendants(os.getpid()) == before
@@ -376,7 +376,7 @@ def test_ranks_that_return_at_once_never_break_a_peer_still_joining():
 
 def test_deadlock_message_is_short_lines_with_the_rank_status():
     with pytest.raises(RankError) as info:
-        launch(_mismatched, 2, timeout=20, collective_timeout=3)
+        launch(_mismatched, 2, timeout=LONG["timeout"], collective_timeout=3)
     lines = str(info.value).splitlines()
     assert max(map(len, lines)) <= 100, max(lines, key=len)
     assert "--- ranks ---" in lines
