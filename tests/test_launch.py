@@ -33,6 +33,19 @@ def _ident(rank, world_size, extra=0):
     return (rank, world_size, t.item() + extra)
 
 
+def _optimizer_ready(rank, world_size):
+    import sys
+    preloaded = "torch._dynamo" in sys.modules
+    torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1)
+    return preloaded
+
+
+def test_ranks_inherit_what_torch_optim_imports_on_first_use():
+    """torch.optim imports torch._dynamo on a rank's first optimizer: the fork server has it,
+    so no rank of any launch imports it again (30-40 s a 4-rank launch on a busy machine)."""
+    assert launch(_optimizer_ready, 2) == [True, True]
+
+
 def test_results_in_rank_order_for_1_to_4_ranks():
     for n in (1, 2, 3, 4):
         out = launch(_ident, n, extra=1)

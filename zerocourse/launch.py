@@ -138,11 +138,15 @@ _ctx = None
 
 
 def _context():
-    """The forkserver context, preloading torch (via zerocourse._rank) once."""
+    """The forkserver context, preloading torch (via zerocourse._rank) once, and torch._dynamo:
+    torch.optim imports it on a rank's first optimizer (its methods are wrapped by
+    torch._disable_dynamo), and every rank of every launch paid that again, 1-2 s idle and
+    30-40 s for a 4-rank launch on a busy 2-core machine (measured: 0.7-1.1 s preloaded). The
+    fork server pays it once, in a notebook while the learner reads (warm_up); the kernel never."""
     global _ctx
     if _ctx is None:
         _ctx = mp.get_context("forkserver")
-        _ctx.set_forkserver_preload(["zerocourse._rank"])
+        _ctx.set_forkserver_preload(["zerocourse._rank", "torch._dynamo"])
     return _ctx
 
 
