@@ -3,11 +3,12 @@
 .DEFAULT_GOAL := help
 include setup.mk
 
-.PHONY: help setup sandbox-tools lab test test-browser test-hub hub hub-down screenshots release check-release grade feedback check export formgrader handout bench wheelhouse clean-venv
+.PHONY: help setup sandbox-tools lab test test-gpu test-browser test-hub hub hub-down screenshots release check-release grade feedback check export formgrader handout bench wheelhouse clean-venv
 
 help:
 	@echo "make lab       set up .venv and open the course in JupyterLab (your copies: $(WORKDIR)/)"
 	@echo "make test      set up .venv and run every test"
+	@echo "make test-gpu       the course on NCCL: needs one GPU per rank (4); says so and fails without"
 	@echo "make test-browser   only the browser test (JupyterLab + Notebook 7 in headless Chromium)"
 	@echo "make test-hub       only the JupyterHub test (deploy/hub/, as root: users, exchange, grading)"
 	@echo "make hub USERS=file [HUB_ARGS=...]   set up and start the course's JupyterHub (root)"
@@ -28,16 +29,25 @@ sandbox-tools:
 	    apt-get update -qq >/dev/null && apt-get install -y -qq bubblewrap >/dev/null; \
 	  else echo "bubblewrap missing: sudo apt-get install bubblewrap (or grade with ZEROCOURSE_SANDBOX=0)"; fi; }
 
-# Two pytest workers (whole files each): the grading battery mostly waits on timeouts and
-# kernels, so it overlaps well with the rest even on 2 cores. The browser test runs after, alone:
-# a browser, a Jupyter server and ranks beside two busy workers overload a 2-core machine.
-# The hub test comes last, alone too (a hub, three users' servers, a browser and grading).
+# Two pytest workers: the grading battery mostly waits on timeouts and kernels, so it overlaps
+# well with the rest even on 2 cores. Work units are groups (tests/conftest.py): a file whose
+# tests share a module fixture goes whole to one worker, the tests of the other files one by
+# one, longest first. The browser test runs after, alone: a browser, a Jupyter server and ranks
+# beside two busy workers overload a 2-core machine. The hub test comes last, alone too (a hub,
+# three users' servers, a browser and grading). The last lines give each part's wall time.
 TEST_WORKERS ?= 2
 test: setup sandbox-tools
-	$(PY) -m pytest tests -n $(TEST_WORKERS) --dist loadfile --durations=25 --ignore=tests/test_browser.py \
-	  --ignore=tests/test_hub.py
-	$(PY) -m pytest tests/test_browser.py
-	$(PY) -m pytest tests/test_hub.py
+	$(PY) tests/run_parts.py \
+	  "parallel part=$(PY) -m pytest tests -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder --durations=25 --ignore=tests/test_browser.py --ignore=tests/test_hub.py" \
+	  "browser=$(PY) -m pytest tests/test_browser.py" \
+	  "hub=$(PY) -m pytest tests/test_hub.py"
+
+# The course on NCCL (tests/gpu_suite.py): the launcher probe, every solution top to bottom, the
+# graded cells with the reference solutions and the bench's stages, with one GPU per rank. On a
+# machine without them it says so in one line and exits 1. GPU_ARGS="--dry-run" shows the plan.
+GPU_ARGS ?=
+test-gpu: setup
+	@$(PY) tests/gpu_suite.py $(GPU_ARGS)
 
 # The notebooks in JupyterLab and Notebook 7, driven in headless Chromium (part of `make test`;
 # it installs Debian's chromium + chromium-driver itself when it can, and skips saying why if not).

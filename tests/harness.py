@@ -10,15 +10,21 @@ nothing). End-to-end autograding through `make grade` is tested separately.
 
 Convention this relies on (see autograder/README.md): graded test cells use only
 imports and definitions from earlier cells, never values computed by demo cells.
+
+Per process, what does not change between calls is done once: each notebook is read and parsed
+once (keyed by its file's size and mtime), each definitions-only cell and each cell's code is
+compiled once. Every call still executes into a fresh namespace: nothing a fixture defines or
+patches reaches the next call.
 """
 from __future__ import annotations
 
 import ast
+import functools
 import os
 import re
 import traceback
 
-from tests.fixtures.make_submission import load, source, strip_markers
+from tests.fixtures.make_submission import load as _load_fresh, source, strip_markers
 from zerocourse.loader import _cell_code, _keep
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -34,12 +40,30 @@ def _meta(cell) -> dict:
     return cell.get("metadata", {}).get("nbgrader", {})
 
 
+@functools.lru_cache(maxsize=64)
+def _load_cached(kind: str, aid: str, stamp: tuple) -> dict:
+    return _load_fresh(kind, aid)
+
+
+def load(kind: str, aid: str) -> dict:
+    """The parsed notebook, read once per process while the file is unchanged. Shared between
+    calls: read it, never modify it (make_submission.load gives a copy of your own)."""
+    st = os.stat(os.path.join(ROOT, kind, aid, f"{aid}.ipynb"))
+    return _load_cached(kind, aid, (st.st_size, st.st_mtime_ns))
+
+
+@functools.lru_cache(maxsize=4096)
+def _compiled(src: str, filename: str):
+    return compile(src, filename, "exec")
+
+
 def graded_cells(nb: dict) -> dict[str, float]:
     """grade_id -> points of every graded code cell."""
     return {_meta(c)["grade_id"]: float(_meta(c).get("points", 0)) for c in nb["cells"]
             if c["cell_type"] == "code" and _meta(c).get("grade")}
 
 
+@functools.lru_cache(maxsize=4096)
 def _definitions_only(src: str) -> str:
     tree = ast.parse(_cell_code(src))
     tree.body = [s for s in tree.body if _keep(s)]
@@ -107,7 +131,7 @@ def _grade_cells(aid, solutions, edits, only, release, visible_only) -> dict[str
                 src = _HIDDEN.sub("", src)
             src = GUARD + src
             try:
-                exec(compile(src, f"<{aid} cell {gid}>", "exec"), ns)
+                exec(_compiled(src, f"<{aid} cell {gid}>"), ns)
                 results[gid] = None
             except BaseException as e:  # noqa: BLE001 - any failure fails the cell, as in nbgrader
                 results[gid] = "".join(traceback.format_exception_only(type(e), e)).strip()
@@ -116,7 +140,7 @@ def _grade_cells(aid, solutions, edits, only, release, visible_only) -> dict[str
             src = _definitions_only(src)
         # Solution cells run whole (they may be anything); a failure there surfaces in the tests.
         try:
-            exec(compile(src, f"<{aid} cell {i}>", "exec"), ns)
+            exec(_compiled(src, f"<{aid} cell {i}>"), ns)
         except Exception as e:  # noqa: BLE001
             ns.setdefault("__errors__", []).append(f"cell {i}: {type(e).__name__}: {e}")
     return results

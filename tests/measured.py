@@ -137,12 +137,21 @@ def render_workshop(text: str, m: dict, aids: list[str]) -> str:
                 cells[grade] = f"{g['seconds']:.1f} s" if g else "not measured"
             for j in jobs:
                 n = int(re.match(r"JOBS=(\d)", header[j]).group(1))
+                measured = cls.get("notebooks", {}).get(aid, {}).get(f"jobs{n}_s")
                 speedup = 1.0 if n == 1 else cls.get(f"jobs{n}_speedup")
-                if g and speedup and cls.get("size"):
-                    cells[j] = f"{cls['size'] * g['seconds'] / 60 / speedup:.0f} min"
+                if measured is not None:
+                    cells[j] = f"{measured / 60:.0f} min"
+                elif g and speedup and cls.get("size"):
+                    cells[j] = f"{cls['size'] * g['seconds'] / 60 / speedup:.0f} min" + \
+                        (" (derived)" if cls.get("notebooks") else "")
                 else:
                     cells[j] = "not measured"
             lines[i] = _row(cells)
+        for j in jobs:          # measured by `make bench --only class` where it says so, dated
+            n = int(re.match(r"JOBS=(\d)", header[j]).group(1))
+            header[j] = (f"JOBS={n} (measured, {cls['measured']})" if cls.get("notebooks")
+                         else f"JOBS={n} (derived)")
+            lines[h] = _row(header)
     return "\n".join(lines)
 
 
@@ -222,6 +231,20 @@ def from_bench(m: dict, path: str) -> dict:
             m.setdefault("grade", {})[aid] = {"seconds": round(row["reference_s"], 1)}
             how["grade"] = ("the reference solution as one submission of autograder/grade.py "
                             f"(make bench, part autograde; sandboxed: {data.get('autograde_sandboxed')})")
+    c = data.get("class")
+    if c and c.get("notebooks"):          # make bench --only class (zerocourse/bench.py bench_class)
+        cls = m.setdefault("class", {})
+        cls.update(size=c["size"], measured=c["date"],
+                   notebooks={aid: {k: v for k, v in r.items() if k.endswith("_s")}
+                              for aid, r in c["notebooks"].items()},
+                   not_measured=c.get("not_measured", []))
+        both = [r for r in c["notebooks"].values() if "jobs1_s" in r and "jobs2_s" in r]
+        if both:                          # for the rows not measured: derived with this speed-up
+            cls["jobs2_speedup"] = round(sum(r["jobs1_s"] for r in both) / sum(r["jobs2_s"] for r in both), 2)
+        how["class"] = (f"make bench BENCH_ARGS=\"--only class --class-size {c['size']}\": {c['size']} "
+                        f"submissions of each notebook graded with JOBS=1 and 2 on {c['cpus']} cores "
+                        f"({'sandboxed' if c['sandboxed'] else 'not sandboxed'}); not measured: "
+                        f"{', '.join(c.get('not_measured', [])) or 'none'}")
     _stamp(m, f"bench: {os.path.relpath(path, ROOT)}")
     return m
 

@@ -142,6 +142,13 @@ def _own(p):       # made by the kernel itself (in its fresh /tmp: multiprocessi
         return False
 _readable = [p for p in _readable if not _own(p) and not any(
     m.startswith(p.rstrip("/") + "/") or m == p or p.startswith(m.rstrip("/") + "/") for m in _mine)]
+# Nor are the folders that hold what the sandbox shows by design (the course's zerocourse/,
+# data/, autograder/, its .venv) when they list nothing else: /tmp/<checkout> is one of them
+# when the checkout lives under /tmp (issue 26).
+_shown = %r
+_readable = [p for p in _readable if not (os.path.isdir(p) and all(any(
+    s == os.path.join(p, e) or s.startswith(os.path.join(p, e) + "/") for s in _shown)
+    for e in os.listdir(p)))]
 print("READABLE", _readable)
 """
 FAKE_SERVER = """
@@ -382,8 +389,9 @@ def _copied_test():
 
 
 def _secrets(out, subs):
+    from autograder.sandbox_kernel import readonly_paths
     probe = SECRETS % (os.path.join(out, "gradebook.db"), str(subs),
-                       os.path.join(ROOT, "solutions", AID, f"{AID}.ipynb"))
+                       os.path.join(ROOT, "solutions", AID, f"{AID}.ipynb"), readonly_paths(ROOT))
     return _sol(_before(SUM, probe),
                 (SUM, "return int(t.item())", "return int(t.item()) if not _readable else -1"))
 

@@ -3,6 +3,11 @@
 Issue 17: on a busy 2-core machine, ~2% of launches failed with "Gloo connectFullMesh
 failed" (a rank tore down while a peer was still connecting) and ~1 in 6 stalled ~5 s
 (the TCPStore's connect under load). Bounded: about a minute on 2 cores.
+
+Functional only: no failure, every launch done (a launch that stalls past its 60 s timeout, or
+a kernel past 110 s, is a failure), nothing left behind. How fast the launches are (p50/p95: a
+fixed hidden wait shows as p95 far above p50) depends on the machine's load, so it is a figure
+that `make bench BENCH_ARGS="--only stress"` prints, never a bound here (issue 26).
 """
 import os
 
@@ -22,4 +27,3 @@ def test_concurrent_kernels_launch_without_failures_stalls_or_leftovers():
     assert res["launches"] == KERNELS * (1 + ROUNDS * len(STRESS_SCENARIOS))
     assert res["leftover"] == []                       # no fork server, no rank
     assert descendants(os.getpid()) == before          # no burner, no kernel
-    assert res["p95_s"] <= 2 * res["p50_s"], res       # no hidden fixed wait

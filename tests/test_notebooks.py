@@ -1,4 +1,11 @@
-"""Every notebook: release hygiene, runs top to bottom, and nbgrader's own validate."""
+"""Every notebook: release hygiene, runs top to bottom, and nbgrader's own validate.
+
+The solutions run top to bottom with ZEROCOURSE_DEVICE_PROXY=1 in the kernel's environment
+(zerocourse/devices.py, issue 29): inside a rank a tensor created without the rank's device lands
+on `meta` and fails loudly, as it would on a GPU under NCCL, so a course cell that forgets the
+device fails here, on CPU. A notebook that does not pass so yet is listed in KNOWN_PROXY_FAILURES
+(xfail, strict: the entry must go once it passes), never skipped.
+"""
 import glob
 import json
 import os
@@ -14,6 +21,7 @@ from nbclient.exceptions import CellExecutionError, CellTimeoutError
 
 from tests import figure_audit
 from tests.proc_util import descendants
+from tests.timeline import record_timing
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 AIDS = sorted(os.path.basename(os.path.dirname(p))
@@ -21,15 +29,29 @@ AIDS = sorted(os.path.basename(os.path.dirname(p))
 BIN = os.path.dirname(sys.executable)
 
 
-def _record(kind: str, key: str, seconds: float) -> None:
-    """Keep a measured time in artifacts/timings/<kind>.json (for the workshop plan's figures)."""
-    folder = os.path.join(ROOT, "artifacts", "timings")
-    os.makedirs(folder, exist_ok=True)
-    path = os.path.join(folder, f"{kind}.json")
-    data = json.load(open(path)) if os.path.exists(path) else {}
-    data[key] = {"seconds": round(seconds, 1), "load": round(os.getloadavg()[0], 1)}
-    with open(path, "w") as f:
-        json.dump(data, f, indent=1)
+# aid -> the error its solution still raises under the device proxy (the notebook's owner fixes
+# it; then the entry goes: strict xfail turns an XPASS red).
+# Measured 2026-12-01 on main at 3ced4ed (their owners are making them pass, issue 29):
+KNOWN_PROXY_FAILURES: dict[str, str] = {
+    "00_setup": "cell 4: Tensor.item() cannot be called on meta tensors (a tensor made in a rank "
+                "without the rank's device)",
+    "02_data_parallelism": "cell 3: Tensor.item() cannot be called on meta tensors",
+    "03_zero1": "cell 10: all_reduce: argument 0 (float32[1272]) is on meta",
+    "04_zero2": "cell 3: all_reduce: argument 0 (float32[8]) is on meta",
+    "05_zero3": "cell 6 (_unit_run): 'Cannot copy out of meta tensor', which 05's check reports as "
+                "'your code still raises NotImplementedError (a stub not written yet)'",
+    "06_communication_bill": "cell 4: all_reduce: argument 0 (float32[262144]) is on meta",
+    "07_overlap": "cell 3: all_reduce: argument 0 (float32[64]) is on meta",
+    "08_accumulation_and_activations": "cell 4: all_reduce: argument 0 (float32[16, 16]) is on meta",
+    "10_capstone": "cell 9: FSDP parameters should be materialized from meta device before training",
+}
+PROXY_ENV = dict(os.environ, ZEROCOURSE_DEVICE_PROXY="1")
+
+
+def _top_to_bottom_params():
+    return [pytest.param(aid, marks=[pytest.mark.xfail(strict=True, reason="device proxy: " +
+                                                       KNOWN_PROXY_FAILURES[aid])]
+                         if aid in KNOWN_PROXY_FAILURES else []) for aid in AIDS]
 
 
 def _read(kind, aid):
@@ -67,9 +89,10 @@ def test_release_is_fresh():
 _LIVE_CELL = "print('LIVE=' + repr({k: len(v[0]) for k, v in curve.data.items()}), curve.draws)"
 
 
-@pytest.mark.parametrize("aid", AIDS)
+@pytest.mark.parametrize("aid", _top_to_bottom_params())
 def test_solution_runs_top_to_bottom(aid):
-    """Runs in under 2 minutes; every figure has a title, axis labels, a legend and rank colours."""
+    """Every cell runs (each has 150 s), under the device proxy; every figure has a title, axis
+    labels, a legend and rank colours."""
     nb = nbformat.read(os.path.join(ROOT, "solutions", aid, f"{aid}.ipynb"), as_version=4)
     n = len(nb.cells)
     nb.cells.insert(0, nbformat.v4.new_code_cell(figure_audit.AUDIT_CELL))
@@ -78,12 +101,13 @@ def test_solution_runs_top_to_bottom(aid):
         nb.cells.append(nbformat.v4.new_code_cell(_LIVE_CELL))
     t0 = time.monotonic()
     NotebookClient(nb, timeout=150, kernel_name="python3",
-                   resources={"metadata": {"path": os.path.join(ROOT, "solutions", aid)}}).execute()
+                   resources={"metadata": {"path": os.path.join(ROOT, "solutions", aid)}}
+                   ).execute(env=PROXY_ENV)
     took = time.monotonic() - t0
     # Printed, not asserted: run times are measured by `make bench` (on a busy CI machine a
     # time bound here fails for the machine, not the notebook); each cell still has 150 s.
     print(f"{aid}: executed in {took:.1f} s")
-    _record("notebook_run_s", aid, took)
+    record_timing("notebook_run_s", aid, took, device_proxy=True)
     report = figure_audit.parse("".join(o.get("text", "") for o in nb.cells[n + 1].outputs))
     assert report, f"{aid} drew no figure"
     assert figure_audit.problems(report) == []
@@ -122,17 +146,24 @@ def test_nbgrader_validate_on_00_setup():
 
 
 def test_cell_timeout_leaves_no_process_behind():
-    """nbgrader's per-cell timeout interrupts the kernel mid-launch: every rank must go."""
+    """nbgrader's per-cell timeout interrupts the kernel mid-launch: every rank must go.
+
+    The imports and the fork server's start get a cell (and all the time a busy machine needs)
+    of their own, so the 15 s timeout lands while the ranks run, not during `import torch`."""
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_code_cell(
         "import time\nfrom zerocourse import launch\n"
-        "def hang(rank, world_size):\n    time.sleep(600)\n"
-        "launch(hang, 3, timeout=300)")]
+        "def hang(rank, world_size):\n    print('up', flush=True)\n    time.sleep(600)\n"
+        "def ready(rank, world_size):\n    return rank\n"
+        "launch(ready, 3, timeout=300)"),
+        nbformat.v4.new_code_cell("launch(hang, 3, timeout=300)")]
     before = descendants(os.getpid())
-    client = NotebookClient(nb, timeout=8, kernel_name="python3", interrupt_on_timeout=True)
+    client = NotebookClient(nb, kernel_name="python3", interrupt_on_timeout=True,
+                            timeout_func=lambda cell: 300 if "ready" in cell.source else 15)
     with pytest.raises((CellTimeoutError, CellExecutionError)):
         client.execute()
-    deadline = time.monotonic() + 15
+    assert "[rank 2] up" in "".join(o.get("text", "") for o in nb.cells[1].outputs)
+    deadline = time.monotonic() + 60                   # polled: ranks die later on a busy machine
     while descendants(os.getpid()) - before and time.monotonic() < deadline:
         time.sleep(0.3)
     assert descendants(os.getpid()) - before == set()

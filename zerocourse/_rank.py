@@ -37,9 +37,10 @@ def _disable_dynamo_lazily(fn=None, recursive: bool = True):
 
     Every TorchDispatchMode subclass (the comm tracer, memory trackers) wraps its
     __torch_dispatch__ this way, and the first call imports torch._dynamo and sympy:
-    ~1.2 s idle, ~5 s under load, paid by every rank again (ranks are fresh forks),
-    or by the fork server's start if it imported them. Before torch._dynamo is
-    imported nothing is being compiled, so there is nothing to disable: call fn.
+    ~1.2 s idle, ~5 s under load. The fork server imports them once (torch.optim needs
+    them in every rank: launch._context), but a kernel that only imports zerocourse
+    need not. Before torch._dynamo is imported nothing is being compiled, so there is
+    nothing to disable: call fn.
     """
     if fn is None:
         return functools.partial(_disable_dynamo_lazily, recursive=recursive)

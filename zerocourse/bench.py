@@ -4,19 +4,27 @@ Not a timed test: it measures and reports, in one run (`--only launcher,stages,.
 1. the launcher: median launch + teardown of a trivial all-reduce on 2 and 4 ranks, for
    zerocourse.launch (ranks forked from a fork server) and torchrun, and the first launch
    in a fresh interpreter; under stress (`--only stress`): K = 1, 4, 8 kernels launching
-   at once beside CPU burners, launches per second, failures, p50/p95 launch time;
+   at once beside CPU burners, launches per second, failures, p50/p95 launch time and their
+   ratio (tests/test_launch_stress.py checks the failures and leftovers, never the times);
 2. every stage, the course's reference implementation (loaded from solutions/ with the
-   notebook loader) against torch's own on the same TinyGPT, data and N (2 and 4 gloo
+   notebook loader; a learner's handout: my-notebooks/) against torch's own on the same
+   TinyGPT, data and N (2 and 4 gloo
    ranks): DP vs DistributedDataParallel, ZeRO-1 vs ZeroRedundancyOptimizer, ZeRO-2 vs FSDP
    SHARD_GRAD_OP, ZeRO-3 vs FSDP2 fully_shard. Step times are fp32 (torch's wrappers all
    run it); bytes held and sent are measured on our implementations in bf16 + fp32-master
-   Adam, the setting of the paper's formulas; `--only overlap`: 07_overlap's bucketed,
+   Adam, the setting of the paper's formulas, next to what the notebooks' own formulas (01's
+   model_state_bytes, 06's comm_bytes_per_rank, loaded like the implementations) give: this
+   package holds no graded formula; `--only overlap`: 07_overlap's bucketed,
    overlapped DP vs DistributedDataParallel and its prefetching ZeRO-3 vs FSDP2 (bench_overlap);
 3. every notebook: its solution run top to bottom headless, and the autograde time of the
-   solution submitted through autograder/grade.py (with --blank, of the release copy too).
+   solution submitted through autograder/grade.py (with --blank, of the release copy too);
+4. `--only class`: a class graded: `--class-size` submissions of every notebook with each
+   `--class-jobs` value and the totals (`--class-budget-min`: what does not fit is listed as
+   not measured); `python -m tests.measured --from-bench bench/results.json --write` puts them
+   in autograder/notes/WORKSHOP.md's class table, dated.
 
 results.json schema:
-    {"machine": {"cpus": int, "torch": str},
+    {"machine": {"cpus": int, "torch": str, "gpus": int, "backend": str},
      "launcher": {"<N>": {"zerocourse_s", "torchrun_s", "ratio", "repeats"}},
      "first_launch": {"first_launch_s", "import_s", "repeats"},  # fresh interpreter
      "stress": {"<K>": {"kernels", "burners", "launches", "failures", "failure_lines",
@@ -25,9 +33,14 @@ results.json schema:
      "stages": {"<N>": {"<stage 0-3>": {
          "ours": str, "torch": str,                # what ran
          "ours_step_s", "torch_step_s", "ratio",   # median step time, ours / torch's
-         "bytes_per_rank", "bytes_formula",        # model-state bytes on rank 0 (bf16) between
-                                                   # steps (grads freed), and the formula for it
-         "sent_per_rank", "sent_formula"}}},       # ring bytes rank 0 sends per step, formula
+         "bytes_per_rank",                         # model-state bytes on rank 0 (bf16) between
+                                                   # steps (zero_grad done)
+         "bytes_in_step",                          # their most during a step (after backward
+                                                   # or after the optimizer's step)
+         "bytes_01",                               # 01's model_state_bytes(Ψ, N, stage): the
+                                                   # formula as the notebook 01 at hand has it
+         "sent_per_rank", "sent_06"}}},            # ring bytes rank 0 sends per step (measured),
+                                                   # and 06's comm_bytes_per_rank(stage, Ψ, N, 2)
      "params": int,                                # Ψ of the benchmark model
      "overlap": [{"N", "name", "ours_ms", "torch_ms", "ratio"}],  # 07_overlap's reference vs torch:
                                                    # name "bucketed_dp_vs_ddp" (OverlappedDP vs DDP)
@@ -39,7 +52,10 @@ results.json schema:
          "reference_s", "reference_score",         # the solution notebook submitted
          "max_score", "manual_points",             # manual points: graded by hand, not here
          "blank_s", "blank_score"}},               # with --blank: the release copy (stubs)
-     "autograde_sandboxed": bool}                  # kernels ran in the bubblewrap sandbox
+     "autograde_sandboxed": bool,                  # kernels ran in the bubblewrap sandbox
+     "class": {"size", "sandboxed", "cpus", "date", # see bench_class
+               "notebooks": {"<assignment>": {"jobs<J>_s", "jobs<J>_full"}},
+               "totals": {"jobs<J>_s"}, "totals_over": [...], "not_measured": [...]}}
 """
 from __future__ import annotations
 
@@ -56,9 +72,11 @@ import torch
 from zerocourse.launch import launch
 
 _TRIVIAL = """
-import torch, torch.distributed as dist
-dist.init_process_group("gloo")
-t = torch.ones(1)
+import os, torch, torch.distributed as dist
+backend = os.environ["ZC_BENCH_BACKEND"]
+dist.init_process_group(backend)
+device = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if backend == "nccl" else torch.device("cpu")
+t = torch.ones(1, device=device)
 dist.all_reduce(t)
 dist.destroy_process_group()
 """
@@ -67,9 +85,16 @@ dist.destroy_process_group()
 def _allreduce(rank, world_size):
     import torch
     import torch.distributed as dist
-    t = torch.ones(1)
+    from zerocourse.devices import rank_device
+    t = torch.ones(1, device=rank_device())
     dist.all_reduce(t)
     return t.item()
+
+
+def _sync(device) -> None:
+    """Wait for the device's queued work: a CUDA step time means nothing before it is done."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def _median(fn, repeats: int) -> float:
@@ -81,19 +106,21 @@ def _median(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
-def bench_launcher(world_sizes=(2, 4), repeats: int = 7, torchrun_repeats: int = 3) -> dict:
+def bench_launcher(world_sizes=(2, 4), repeats: int = 7, torchrun_repeats: int = 3,
+                   backend: str = "gloo") -> dict:
     """Median launch + teardown of a one-all-reduce job: zerocourse.launch vs torchrun."""
-    launch(_allreduce, 2)                     # start the fork server once (paid once per kernel)
+    launch(_allreduce, 2, backend=backend)    # start the fork server once (paid once per kernel)
     out = {}
+    env = dict(os.environ, ZC_BENCH_BACKEND=backend)
     with tempfile.TemporaryDirectory() as tmp:
         script = os.path.join(tmp, "trivial.py")
         with open(script, "w") as f:
             f.write(_TRIVIAL)
         for n in world_sizes:
-            ours = _median(lambda: launch(_allreduce, n), repeats)
+            ours = _median(lambda: launch(_allreduce, n, backend=backend), repeats)
             cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                    f"--nproc_per_node={n}", script]
-            theirs = _median(lambda: subprocess.run(cmd, check=True, capture_output=True),
+            theirs = _median(lambda: subprocess.run(cmd, check=True, capture_output=True, env=env),
                              torchrun_repeats)
             out[str(n)] = {"zerocourse_s": round(ours, 4), "torchrun_s": round(theirs, 3),
                            "ratio": round(ours / theirs, 4), "repeats": repeats}
@@ -275,23 +302,28 @@ TORCH_EQUIVALENT = {0: "DistributedDataParallel", 1: "ZeroRedundancyOptimizer",
 
 
 def _fsdp2(model, world_size):
-    """FSDP2 `fully_shard` on each TinyGPT block and on the root, over a CPU mesh of all ranks."""
+    """FSDP2 `fully_shard` on each TinyGPT block and on the root, over a mesh of all ranks on
+    the rank's device type (cpu under gloo, cuda under NCCL)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
-    mesh = init_device_mesh("cpu", (world_size,))
+    from zerocourse.devices import rank_device
+    mesh = init_device_mesh(rank_device().type, (world_size,))
     for block in model.h:
         fully_shard(block, mesh=mesh)
     return fully_shard(model, mesh=mesh)
 
 
 def _setup(rank, world_size, stage, nb, dtype, ours: bool):
-    """Model, a step function and the objects holding model state, for one stage."""
+    """Model, a step function and the objects holding model state, for one stage (everything
+    on the rank's device: zerocourse.devices)."""
+    from zerocourse.devices import rank_device
     from zerocourse.models import GPTConfig, TinyGPT, lm_loss, make_toy_batch
     from zerocourse.optim import MixedPrecisionAdam
+    device = rank_device()
     torch.manual_seed(0)
     model = TinyGPT(GPTConfig(vocab_size=64, block_size=64, n_layer=2, n_head=4, n_embd=64,
-                              bias=False)).to(dtype)
-    x, y = make_toy_batch(16, 64, 64, seed=1)                 # the global batch
+                              bias=False), device=device).to(dtype)
+    x, y = make_toy_batch(16, 64, 64, seed=1, device=device)   # the global batch
     k = len(x) // world_size
     xs, ys = x[rank * k:(rank + 1) * k], y[rank * k:(rank + 1) * k]
     adam = MixedPrecisionAdam if dtype == torch.bfloat16 else torch.optim.Adam
@@ -315,7 +347,7 @@ def _setup(rank, world_size, stage, nb, dtype, ours: bool):
         elif stage == 2:
             from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
             model = FullyShardedDataParallel(model, sharding_strategy=ShardingStrategy.SHARD_GRAD_OP,
-                                             device_id=torch.device("cpu"))
+                                             device_id=device)
             opt = torch.optim.Adam(model.parameters(), lr=1e-3)
         else:
             model = _fsdp2(model, world_size)
@@ -329,17 +361,26 @@ def _setup(rank, world_size, stage, nb, dtype, ours: bool):
 
 
 def _stage_job(rank, world_size, stage, nb, steps):
-    """Median step times (ours, torch's; fp32) and ours' bytes held and sent (bf16)."""
+    """Median step times (ours, torch's; fp32) and ours' bytes held and sent (bf16).
+
+    Bytes held are measured between steps and right after backward and after the optimizer's
+    step of one more step (lm_loss(...).backward(); opt.step(); opt.zero_grad(): the step of
+    ZeRO-1/2/3; for DP the same without its all-reduce, which holds no state).
+    """
     from zerocourse.comm import CommTracer
+    from zerocourse.devices import rank_device
     from zerocourse.memory import measure_state_bytes
+    device = rank_device()
     out = {}
     for ours in (True, False):
         step, _, _ = _setup(rank, world_size, stage, nb, torch.float32, ours)
         step()                                            # warm-up (allocations, lazy init)
         times = []
         for _ in range(steps):
+            _sync(device)
             t0 = time.perf_counter()
             step()
+            _sync(device)
             times.append(time.perf_counter() - t0)
         out["ours_step_s" if ours else "torch_step_s"] = statistics.median(times)
     step, model, opt = _setup(rank, world_size, stage, nb, torch.bfloat16, True)
@@ -348,31 +389,61 @@ def _stage_job(rank, world_size, stage, nb, steps):
         step()
     out["sent_per_rank"] = tracer.sent_bytes
     out["bytes_per_rank"] = measure_state_bytes(model, opt)["total"]
+    from zerocourse.models import lm_loss, make_toy_batch
+    x, y = make_toy_batch(16, 64, 64, seed=1, device=device)
+    k = len(x) // world_size
+    lm_loss(model(x[rank * k:(rank + 1) * k]), y[rank * k:(rank + 1) * k]).backward()
+    after_backward = measure_state_bytes(model, opt)["total"]
+    opt.step()
+    out["bytes_in_step"] = max(after_backward, measure_state_bytes(model, opt)["total"])
+    opt.zero_grad()
     return out
 
 
-def bench_stages(world_sizes=(2, 4), steps: int = 5) -> tuple[dict, int]:
-    """Reference implementations vs torch's, per stage and N (see the module docstring)."""
+def _learners_formula(folder: str, aid: str, name: str):
+    """The function `name` of notebook `aid` in `folder` (the formulas are the learner's to
+    write: the package holds none), or None with a line saying why it is not used."""
+    from zerocourse.loader import NotebookLoadError, load_notebook
+    try:
+        return getattr(load_notebook(os.path.join(folder, aid, f"{aid}.ipynb"), names=[name]), name)
+    except NotebookLoadError as e:
+        print(f"  {aid}'s {name} not used: {e}", flush=True)
+        return None
+
+
+def _call(fn, *args):
+    """fn(*args) as a float, or None where the formula is not written yet (a stub) or fails."""
+    if fn is None:
+        return None
+    try:
+        return float(fn(*args))
+    except Exception as e:                       # noqa: BLE001 - a learner's stub, or a bug
+        print(f"  {fn.__name__}{args}: {type(e).__name__}: {e}", flush=True)
+        return None
+
+
+def bench_stages(world_sizes=(2, 4), steps: int = 5, backend: str = "gloo") -> tuple[dict, int]:
+    """Reference implementations vs torch's, per stage and N (see the module docstring).
+
+    The bytes to expect come from the notebooks' own formulas (01's model_state_bytes, 06's
+    comm_bytes_per_rank, loaded from the same folder as the implementations), never from here.
+    """
     from zerocourse.loader import load_notebook
     from zerocourse.models import GPTConfig, TinyGPT
-    root = _course_root()
+    folder = _impl_dir()
     psi = sum(p.numel() for p in TinyGPT(GPTConfig(vocab_size=64, block_size=64, n_layer=2,
                                                    n_head=4, n_embd=64, bias=False)).parameters())
+    held = _learners_formula(folder, "01_bytes_per_parameter", "model_state_bytes")
+    sent = _learners_formula(folder, "06_communication_bill", "comm_bytes_per_rank")
     out = {}
     for n in world_sizes:
         out[str(n)] = {}
-        f = (n - 1) / n
         for stage, (aid, names) in STAGE_NOTEBOOKS.items():
-            nb = load_notebook(os.path.join(root, "solutions", aid, f"{aid}.ipynb"), names=names)
-            r = launch(_stage_job, n, stage, nb, steps, timeout=600)[0]
-            r.update(ours=f"{aid} reference", torch=TORCH_EQUIVALENT[stage],
+            nb = load_notebook(os.path.join(folder, aid, f"{aid}.ipynb"), names=names)
+            r = launch(_stage_job, n, stage, nb, steps, timeout=600, backend=backend)[0]
+            r.update(ours=f"{aid} ({os.path.basename(folder)}/)", torch=TORCH_EQUIVALENT[stage],
                      ratio=r["ours_step_s"] / r["torch_step_s"],
-                     # Measured between steps, after zero_grad(set_to_none): full gradients are
-                     # gone, so the formulas of notebook 01 lose their gradient term, except
-                     # ZeRO-2's reference, which keeps its bf16 gradient shard.
-                     bytes_formula=[14 * psi, 2 * psi + 12 * psi / n, 2 * psi + 14 * psi / n,
-                                    14 * psi / n][stage],
-                     sent_formula=(3 if stage == 3 else 2) * psi * f * 2)
+                     bytes_01=_call(held, psi, n, stage), sent_06=_call(sent, stage, psi, n, 2))
             out[str(n)][str(stage)] = r
     return out, psi
 
@@ -388,14 +459,17 @@ def _overlap_job(rank, world_size, name, nb, z3nb, steps, bucket_bytes):
     The two run side by side, one step of each in turn, so that a load change on a shared
     machine hits both alike.
     """
+    from zerocourse.devices import rank_device
     from zerocourse.models import GPTConfig, TinyGPT, lm_loss, make_toy_batch
-    x, y = make_toy_batch(16, 64, 64, seed=1)
+    device = rank_device()
+    x, y = make_toy_batch(16, 64, 64, seed=1, device=device)
     k = len(x) // world_size
     xs, ys = x[rank * k:(rank + 1) * k], y[rank * k:(rank + 1) * k]
 
     def setup(ours):
         torch.manual_seed(0)
-        model = TinyGPT(GPTConfig(vocab_size=64, block_size=64, n_layer=2, n_head=4, n_embd=64, bias=False))
+        model = TinyGPT(GPTConfig(vocab_size=64, block_size=64, n_layer=2, n_head=4, n_embd=64, bias=False),
+                        device=device)
         finish = None
         if name == "bucketed_dp_vs_ddp":
             if ours:
@@ -424,14 +498,17 @@ def _overlap_job(rank, world_size, name, nb, z3nb, steps, bucket_bytes):
     for i in range(steps + 3):                          # 3 warm-up steps
         for key, step in runs.items():
             torch.distributed.barrier()
+            _sync(device)
             t0 = time.perf_counter()
             step()
+            _sync(device)
             if i >= 3:
                 times[key].append(time.perf_counter() - t0)
     return {key: 1e3 * statistics.median(t) for key, t in times.items()}
 
 
-def bench_overlap(world_sizes=(2, 4), steps: int = 20, bucket_bytes: int = 2 ** 20) -> list[dict]:
+def bench_overlap(world_sizes=(2, 4), steps: int = 20, bucket_bytes: int = 2 ** 20,
+                  backend: str = "gloo") -> list[dict]:
     """07_overlap's reference (loaded from solutions/) vs torch's, fp32, on bench_stages' TinyGPT.
 
     Rows {"N", "name", "ours_ms", "torch_ms", "ratio"}: "bucketed_dp_vs_ddp" (OverlappedDP +
@@ -444,14 +521,15 @@ def bench_overlap(world_sizes=(2, 4), steps: int = 20, bucket_bytes: int = 2 ** 
     two bucketings.
     """
     from zerocourse.loader import load_notebook
-    root = _course_root()
+    folder = _impl_dir()
     aid, names = OVERLAP_NOTEBOOK
-    nb = load_notebook(os.path.join(root, "solutions", aid, f"{aid}.ipynb"), names=names)
-    z3nb = load_notebook(os.path.join(root, "solutions", "05_zero3", "05_zero3.ipynb"), names=["ZeRO3Adam"])
+    nb = load_notebook(os.path.join(folder, aid, f"{aid}.ipynb"), names=names)
+    z3nb = load_notebook(os.path.join(folder, "05_zero3", "05_zero3.ipynb"), names=["ZeRO3Adam"])
     rows = []
     for n in world_sizes:
         for name in OVERLAP_ROWS:
-            r = launch(_overlap_job, n, name, nb, z3nb, steps, bucket_bytes, timeout=600)[0]
+            r = launch(_overlap_job, n, name, nb, z3nb, steps, bucket_bytes, timeout=600,
+                       backend=backend)[0]
             rows.append({"N": n, "name": name, "ours_ms": round(r["ours_ms"], 3),
                          "torch_ms": round(r["torch_ms"], 3), "ratio": round(r["ours_ms"] / r["torch_ms"], 3)})
             print(f"  N={n} {name}: ours {r['ours_ms']:.2f} ms, torch {r['torch_ms']:.2f} ms, "
@@ -461,6 +539,18 @@ def bench_overlap(world_sizes=(2, 4), steps: int = 20, bucket_bytes: int = 2 ** 
 
 def _course_root() -> str:
     return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _impl_dir() -> str:
+    """Where the implementations come from: the course's solutions/, else (a learner's handout,
+    which has none) the learner's own my-notebooks/."""
+    for name in ("solutions", "my-notebooks"):
+        folder = os.path.join(_course_root(), name)
+        if os.path.isdir(folder):
+            return folder
+    raise FileNotFoundError(f"no solutions/ or my-notebooks/ in {_course_root()}: the stages and "
+                            f"overlap parts run notebooks' implementations (`make lab` makes "
+                            f"my-notebooks/)")
 
 
 def _assignments() -> list[str]:
@@ -531,33 +621,76 @@ def bench_autograde(blank: bool = False) -> tuple[dict, bool]:
     return out, sandboxed
 
 
-def bench_class(size: int = 20, jobs: tuple[int, ...] = (1, 2), aids: list[str] | None = None) -> dict:
-    """Wall-clock seconds to grade a class: `size` submissions (copies of the reference
-    solution) of each notebook, graded by autograder/grade.py with each JOBS value.
+def _as_submission(aid: str) -> dict:
+    """The solution as a learner submits it: the release copy (notebooks/) with each answer
+    cell's source taken from solutions/, nbgrader's solution markers removed."""
+    import re
+    root = _course_root()
+    with open(os.path.join(root, "solutions", aid, f"{aid}.ipynb")) as f:
+        sol = {c.get("metadata", {}).get("nbgrader", {}).get("grade_id"): c for c in json.load(f)["cells"]}
+    with open(os.path.join(root, "notebooks", aid, f"{aid}.ipynb")) as f:
+        nb = json.load(f)
+    for cell in nb["cells"]:
+        meta = cell.get("metadata", {}).get("nbgrader", {})
+        if meta.get("solution"):
+            src = sol[meta["grade_id"]]["source"]
+            src = "".join(src) if isinstance(src, list) else src
+            cell["source"] = re.sub(r"^\s*### (BEGIN|END) SOLUTION\s*\n", "", src, flags=re.M)
+    return nb
+
+
+def bench_class(size: int = 20, jobs: tuple[int, ...] = (1, 2), aids: list[str] | None = None,
+                budget_s: float | None = None) -> dict:
+    """Wall-clock seconds to grade a class: `size` submissions of each notebook (the reference
+    solution as a learner submits it), graded by autograder/grade.py with each JOBS value.
 
     Args:
         size: submissions per notebook (a workshop's class size).
         jobs: the JOBS values to compare (submissions graded at once).
         aids: notebooks (default: all).
+        budget_s: stop starting new gradings once this many seconds have gone (the rest is
+            listed as not measured, never estimated); None: measure everything.
+    Returns:
+        {"size", "sandboxed", "cpus", "date", "notebooks": {aid: {"jobs<j>_s", "jobs<j>_full"}},
+         "totals": {"jobs<j>_s": seconds over the notebooks measured with every JOBS value},
+         "not_measured": ["<aid> JOBS=<j>", ...]}. "jobs<j>_full" counts the submissions that
+        got every autograded point: a fast run that graded wrongly shows there.
     """
+    import csv
     import shutil as _shutil
-    root = _course_root()
     sandboxed = _shutil.which("bwrap") is not None
-    out = {}
+    out, not_measured = {}, []
+    t_start = time.monotonic()
     for aid in aids or _assignments():
+        top = None
         with tempfile.TemporaryDirectory(prefix="zc-bench-class-") as tmp:
             subs = os.path.join(tmp, "submissions")
+            nb = _as_submission(aid)
             for k in range(size):
                 os.makedirs(os.path.join(subs, f"learner{k:02d}", aid))
-                _shutil.copy(os.path.join(root, "solutions", aid, f"{aid}.ipynb"),
-                             os.path.join(subs, f"learner{k:02d}", aid, f"{aid}.ipynb"))
+                with open(os.path.join(subs, f"learner{k:02d}", aid, f"{aid}.ipynb"), "w") as f:
+                    json.dump(nb, f)
             for j in jobs:
+                if budget_s is not None and time.monotonic() - t_start > budget_s:
+                    not_measured.append(f"{aid} JOBS={j}")
+                    continue
                 graded = os.path.join(tmp, f"graded-{j}")
                 t0 = time.monotonic()
                 _grade(subs, graded, sandboxed, "--jobs", str(j))
                 took = time.monotonic() - t0
+                with open(os.path.join(graded, "grades.csv")) as f:
+                    rows = list(csv.DictReader(f))
+                top = float(rows[0]["max_score"]) - _manual_points(aid) if rows else top
+                full = sum(float(r["score"]) == top for r in rows)
                 out.setdefault(aid, {})[f"jobs{j}_s"] = round(took, 1)
-    return {"size": size, "sandboxed": sandboxed, "notebooks": out}
+                out[aid][f"jobs{j}_full"] = full
+                print(f"  {aid}: {size} submissions, JOBS={j}: {took:.1f} s "
+                      f"({took / size:.1f} s each; full marks {full}/{size})", flush=True)
+    complete = [a for a, r in out.items() if all(f"jobs{j}_s" in r for j in jobs)]
+    totals = {f"jobs{j}_s": round(sum(out[a][f"jobs{j}_s"] for a in complete), 1) for j in jobs}
+    return {"size": size, "sandboxed": sandboxed, "cpus": os.cpu_count(),
+            "date": time.strftime("%Y-%m-%d"), "notebooks": out, "totals": totals,
+            "totals_over": complete, "not_measured": not_measured}
 
 
 def main(argv=None) -> int:
@@ -573,23 +706,31 @@ def main(argv=None) -> int:
     parser.add_argument("--class-jobs", default="1,2", help="`--only class`: JOBS values (default 1,2)")
     parser.add_argument("--class-notebooks", default="",
                         help="`--only class`: comma-separated notebook ids (default: all)")
+    parser.add_argument("--class-budget-min", type=float, default=None,
+                        help="`--only class`: start no new grading after this many minutes; the "
+                             "rest is listed as not measured (default: measure everything)")
+    parser.add_argument("--backend", choices=("gloo", "nccl"), default="gloo",
+                        help="launcher, stages and overlap parts: gloo (CPU ranks, default) or nccl "
+                             "(one GPU per rank; `make test-gpu` runs them so)")
     parser.add_argument("--stress-kernel", type=int, metavar="ROUNDS", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.stress_kernel is not None:        # one kernel of bench_stress: a JSON line out
         print(json.dumps(_stress_kernel(args.stress_kernel)))
         return 0
     parts = set(args.only.split(","))
-    results = {"machine": {"cpus": os.cpu_count(), "torch": torch.__version__}}
+    results = {"machine": {"cpus": os.cpu_count(), "torch": torch.__version__,
+                           "gpus": torch.cuda.device_count() if torch.cuda.is_available() else 0,
+                           "backend": args.backend}}
     if "launcher" in parts:
-        results["launcher"] = bench_launcher()
+        results["launcher"] = bench_launcher(backend=args.backend)
         results["first_launch"] = bench_first_launch()
     if "stress" in parts:
         results["stress"] = {str(k): bench_stress(kernels=k, rounds=rounds)
                              for k, rounds in ((1, 20), (4, 8), (8, 4))}
     if "stages" in parts:
-        results["stages"], results["params"] = bench_stages()
+        results["stages"], results["params"] = bench_stages(backend=args.backend)
     if "overlap" in parts:
-        results["overlap"] = bench_overlap()
+        results["overlap"] = bench_overlap(backend=args.backend)
     if "real" in parts or args.only == parser.get_default("only"):   # 09: zerocourse/bench_real.py
         from zerocourse.bench_real import bench_real, print_real
         results["real"] = bench_real()
@@ -601,7 +742,8 @@ def main(argv=None) -> int:
         results["autograde"], results["autograde_sandboxed"] = bench_autograde(args.blank)
     if "class" in parts:
         results["class"] = bench_class(args.class_size, tuple(int(j) for j in args.class_jobs.split(",")),
-                                       [a for a in args.class_notebooks.split(",") if a] or None)
+                                       [a for a in args.class_notebooks.split(",") if a] or None,
+                                       None if args.class_budget_min is None else 60 * args.class_budget_min)
     _print(results)
     os.makedirs("bench", exist_ok=True)
     with open(os.path.join("bench", "results.json"), "w") as f:
@@ -613,12 +755,21 @@ def main(argv=None) -> int:
 def _print(results: dict) -> None:
     if "class" in results:
         c = results["class"]
-        jobs = sorted({k for r in c["notebooks"].values() for k in r})
+        jobs = sorted({k for r in c["notebooks"].values() for k in r if k.endswith("_s")})
         print(f"class grading: {c['size']} submissions per notebook, "
-              f"{'sandboxed' if c['sandboxed'] else 'not sandboxed'}, {os.cpu_count()} cores")
-        print(f"{'notebook':<24} " + " ".join(f"{j.replace('_s', ' s'):>10}" for j in jobs))
+              f"{'sandboxed' if c['sandboxed'] else 'not sandboxed'}, {c['cpus']} cores, {c['date']}")
+        print(f"{'notebook':<32} " + " ".join(f"{j.replace('_s', ' s'):>10}" for j in jobs)
+              + "  full marks")
         for aid, r in c["notebooks"].items():
-            print(f"{aid:<24} " + " ".join(f"{r.get(j, float('nan')):>10.1f}" for j in jobs))
+            full = "/".join(str(r.get(j.replace("_s", "_full"), "-")) for j in jobs)
+            print(f"{aid:<32} " + " ".join(f"{r.get(j, float('nan')):>10.1f}" for j in jobs)
+                  + f"  {full} of {c['size']}")
+        print(f"{'total (' + str(len(c['totals_over'])) + ' notebooks)':<32} "
+              + " ".join(f"{c['totals'].get(j, float('nan')):>10.1f}" for j in jobs))
+        if c["not_measured"]:
+            print("not measured (budget): " + ", ".join(c["not_measured"]))
+        print("WORKSHOP.md's class table from these figures (in the course repository): "
+              "python -m tests.measured --from-bench bench/results.json --write")
     if "launcher" in results:
         print(f"{'ranks':>5} {'zerocourse.launch':>18} {'torchrun':>10} {'ratio':>7}")
     for n, r in results.get("launcher", {}).items():
@@ -632,24 +783,30 @@ def _print(results: dict) -> None:
         print(f"\nstress: K kernels launching at once (2 and 4 ranks; collectives, none, rank 0 "
               f"returning at once) beside {next(iter(results['stress'].values()))['burners']} "
               f"CPU burners")
+        print("(p95/p50 far above 2: some launches wait a fixed time, e.g. a stalled connect; "
+              "a figure of this machine under this load, not a test's bound)")
         print(f"{'K':>2} {'launches':>8} {'failures':>8} {'launch/s':>8} {'p50 s':>6} {'p95 s':>6} "
-              f"{'max s':>6} {'first s':>7} {'leftover':>8}")
+              f"{'p95/p50':>7} {'max s':>6} {'first s':>7} {'leftover':>8}")
         for k, r in results["stress"].items():
+            ratio = r["p95_s"] / r["p50_s"] if r["p50_s"] else float("nan")
             print(f"{k:>2} {r['launches']:>8} {r['failures']:>8} {r['launches_per_s']:>8.2f} "
-                  f"{r['p50_s']:>6.2f} {r['p95_s']:>6.2f} {r['max_s']:>6.2f} "
+                  f"{r['p50_s']:>6.2f} {r['p95_s']:>6.2f} {ratio:>7.2f} {r['max_s']:>6.2f} "
                   f"{r['first_launch_s']:>7.2f} {len(r['leftover']):>8}")
             for line in r["failure_lines"]:
                 print(f"   {line}")
     if "stages" in results:
         print(f"\nstages (TinyGPT, {results.get('params')} params; times fp32, bytes bf16 + fp32 Adam)")
+        print("held: between steps; in step: the most after backward or the optimizer's step; "
+              "01: model_state_bytes, 06: comm_bytes_per_rank, the notebooks' own formulas")
         print(f"{'N':>2} {'stage':>5} {'torch equivalent':>24} {'ours ms':>8} {'torch ms':>9} {'ratio':>6} "
-              f"{'held kB':>8} {'formula':>8} {'sent kB':>8} {'formula':>8}")
+              f"{'held kB':>8} {'in step':>8} {'01 kB':>8} {'sent kB':>8} {'06 kB':>8}")
+    kb = lambda v: f"{v / 1e3:>8.1f}" if v is not None else f"{'n/a':>8}"   # noqa: E731
     for n, stages in results.get("stages", {}).items():
         for st, r in stages.items():
             print(f"{n:>2} {st:>5} {r['torch']:>24} {1e3 * r['ours_step_s']:>8.1f} "
-                  f"{1e3 * r['torch_step_s']:>9.1f} {r['ratio']:>6.2f} {r['bytes_per_rank'] / 1e3:>8.1f} "
-                  f"{r['bytes_formula'] / 1e3:>8.1f} {r['sent_per_rank'] / 1e3:>8.1f} "
-                  f"{r['sent_formula'] / 1e3:>8.1f}")
+                  f"{1e3 * r['torch_step_s']:>9.1f} {r['ratio']:>6.2f} {kb(r['bytes_per_rank'])} "
+                  f"{kb(r['bytes_in_step'])} {kb(r['bytes_01'])} {kb(r['sent_per_rank'])} "
+                  f"{kb(r['sent_06'])}")
     if "overlap" in results:
         print("\noverlap (07_overlap's reference vs torch; fp32 median step, ours and torch's alternating)")
         print(f"{'N':>2} {'name':>24} {'ours ms':>8} {'torch ms':>9} {'ratio':>6}")

@@ -270,8 +270,16 @@ _BACKEND_NOTE_SHOWN = False
 
 
 def pick_backend(backend: str, world_size: int) -> str:
-    """'auto' -> NCCL when there is one GPU per rank and the NCCL path is verified, else gloo."""
+    """'auto' -> NCCL when there is one GPU per rank and the NCCL path is verified, else gloo.
+
+    ZEROCOURSE_BACKEND=nccl|gloo in the environment decides for 'auto' instead: `make test-gpu`
+    runs the notebooks' own `launch(fn, N)` calls on NCCL with it, before 'auto' may.
+    """
     import torch
+    if backend == "auto":
+        backend = os.environ.get("ZEROCOURSE_BACKEND", "") or "auto"
+        if backend not in ("auto", "gloo", "nccl"):
+            raise ValueError(f"ZEROCOURSE_BACKEND must be 'gloo' or 'nccl' (or unset), got {backend!r}")
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if backend == "nccl":
         if gpus < world_size:
