@@ -133,3 +133,18 @@ def test_auto_stays_on_gloo_and_says_why_where_gpus_exist(monkeypatch, capsys):
     assert zl.pick_backend("auto", 2) == "nccl"
     with pytest.raises(ValueError, match="one GPU per rank"):
         zl.pick_backend("nccl", 8)
+
+
+def test_modules_scripted_at_import_load_under_the_proxy():
+    """torch.distributed.optim TorchScript-compiles functions at import, which cannot compile the
+    proxy's wrapped factories: install_proxy imports it first (03's ZeroRedundancyOptimizer
+    comparison failed in its ranks without). A fresh interpreter: no fork server preloaded it."""
+    import subprocess
+    import sys
+    code = ("from zerocourse.devices import install_proxy\n"
+            "install_proxy()\n"
+            "from torch.distributed.optim import ZeroRedundancyOptimizer\n"
+            "import torch\n"
+            "print(torch.zeros(1).device)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip() == "meta", proc.stdout + proc.stderr[-2000:]

@@ -31,19 +31,9 @@ BIN = os.path.dirname(sys.executable)
 
 # aid -> the error its solution still raises under the device proxy (the notebook's owner fixes
 # it; then the entry goes: strict xfail turns an XPASS red).
-# Measured 2026-12-01 on main at 3ced4ed (their owners are making them pass, issue 29):
+# Measured 2026-12-01 on main (the other nine pass under the proxy; 06's owner is on it, issue 29):
 KNOWN_PROXY_FAILURES: dict[str, str] = {
-    "00_setup": "cell 4: Tensor.item() cannot be called on meta tensors (a tensor made in a rank "
-                "without the rank's device)",
-    "02_data_parallelism": "cell 3: Tensor.item() cannot be called on meta tensors",
-    "03_zero1": "cell 10: all_reduce: argument 0 (float32[1272]) is on meta",
-    "04_zero2": "cell 3: all_reduce: argument 0 (float32[8]) is on meta",
-    "05_zero3": "cell 6 (_unit_run): 'Cannot copy out of meta tensor', which 05's check reports as "
-                "'your code still raises NotImplementedError (a stub not written yet)'",
     "06_communication_bill": "cell 4: all_reduce: argument 0 (float32[262144]) is on meta",
-    "07_overlap": "cell 3: all_reduce: argument 0 (float32[64]) is on meta",
-    "08_accumulation_and_activations": "cell 4: all_reduce: argument 0 (float32[16, 16]) is on meta",
-    "10_capstone": "cell 9: FSDP parameters should be materialized from meta device before training",
 }
 PROXY_ENV = dict(os.environ, ZEROCOURSE_DEVICE_PROXY="1")
 

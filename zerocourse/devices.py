@@ -80,6 +80,9 @@ def _in_device_context() -> bool:
     return any(isinstance(m, DeviceContext) for m in _get_current_function_mode_stack())
 
 
+_IMPORT_BEFORE_PROXY = ("torch.distributed.optim",)
+
+
 def install_proxy() -> None:
     """Tensors created without a device by code outside torch go to `meta` (see the module doc).
 
@@ -91,7 +94,14 @@ def install_proxy() -> None:
     (not a TorchFunctionMode, whose stack is empty while autograd runs hooks and backward
     functions, and a GPU machine's CPU default applies there too).
     """
+    import importlib
     from torch.utils._device import _device_constructors
+    # Modules that torch.jit.script functions at import time: TorchScript resolves the factory
+    # functions they call by name and cannot compile a Python wrapper, so they are imported
+    # while the factories are still torch's own (torch.distributed.optim: 03's and 05's
+    # ZeroRedundancyOptimizer comparisons import it in a rank).
+    for name in _IMPORT_BEFORE_PROXY:
+        importlib.import_module(name)
     for fn in _device_constructors():
         name = fn.__name__
         if getattr(torch, name, None) is fn:

@@ -138,9 +138,10 @@ _ctx = None
 # What the fork server imports once, so that no rank imports it again. torch._dynamo (with sympy)
 # is what the first torch.optim optimizer of a rank imports: ~1.2 s per rank idle, 7–28 s per
 # 4-rank launch on a loaded 2-core machine (measured: 28 s -> 0.75 s with it preloaded); FSDP2
-# and DCP add 0.6 s once, instead of seconds in every rank of 05, 07, 09 and 10's comparisons.
+# and DCP add 0.6 s once, instead of seconds in every rank of 05, 07, 09 and 10's comparisons;
+# torch.distributed.optim (ZeroRedundancyOptimizer, TorchScript-compiled at import) likewise.
 FORKSERVER_PRELOAD = ["zerocourse._rank", "torch._dynamo", "torch.distributed.fsdp",
-                      "torch.distributed.checkpoint"]
+                      "torch.distributed.checkpoint", "torch.distributed.optim"]
 
 
 def _context():
