@@ -1,6 +1,7 @@
 """The one measured source of the run times the README and WORKSHOP print: docs/measured.json.
 
     python -m tests.measured --from-timings artifacts/timings/notebook_run_s.json   # after make test
+    python -m tests.measured --from-grading artifacts/timings/grading_s.json        # after make test
     python -m tests.measured --from-bench bench/results.json                        # after make bench
     python -m tests.measured --write          # render README's and WORKSHOP's tables from it
     python -m tests.measured                  # check them (what tests/test_consistency.py does)
@@ -217,6 +218,22 @@ def from_timings(m: dict, path: str) -> dict:
     return m
 
 
+def from_grading(m: dict, path: str) -> dict:
+    """make test's artifacts/timings/grading_s.json (tests/test_grading_e2e.py: "ref/<aid>" is the
+    reference solution's submission in its part's make grade) -> "grade"."""
+    with open(path, encoding="utf-8") as f:
+        data = json.load(f)
+    for key, row in data.items():
+        student, _, aid = key.partition("/")
+        if student == "ref" and aid:
+            m.setdefault("grade", {})[aid] = {"seconds": round(row["seconds"], 1), "load": row.get("load")}
+    m.setdefault("how", {})["grade"] = (
+        "the reference solution as one submission of tests/test_grading_e2e.py's make grade parts, "
+        "sandboxed (rank host, per-submission box), beside the other pytest worker")
+    _stamp(m, f"grade: {os.path.relpath(path, ROOT)}")
+    return m
+
+
 def from_bench(m: dict, path: str) -> dict:
     """make bench's bench/results.json: notebooks.execute_s -> "run", autograde.reference_s
     -> "grade" (load averages: not recorded by the bench)."""
@@ -253,12 +270,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--from-timings", metavar="JSON", help="record make test's notebook run times")
     parser.add_argument("--from-bench", metavar="JSON", help="record make bench's run and grade times")
+    parser.add_argument("--from-grading", metavar="JSON",
+                        help="record make test's grading times (artifacts/timings/grading_s.json)")
     parser.add_argument("--write", action="store_true", help="render README and WORKSHOP from it")
     args = parser.parse_args(argv)
     m = load()
-    if args.from_timings or args.from_bench:
+    if args.from_timings or args.from_bench or args.from_grading:
         if args.from_timings:
             from_timings(m, args.from_timings)
+        if args.from_grading:
+            from_grading(m, args.from_grading)
         if args.from_bench:
             from_bench(m, args.from_bench)
         with open(SOURCE, "w", encoding="utf-8") as f:
