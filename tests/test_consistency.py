@@ -454,3 +454,10 @@ def test_a_measurement_is_recorded_with_its_date_and_source(tmp_path):
     m = measured.from_bench(m, str(bench))
     assert m["run"]["00_setup"]["seconds"] == 9.9 and m["grade"]["00_setup"] == {"seconds": 20.0}
     assert "sandboxed: True" in m["how"]["grade"]
+    grading = tmp_path / "grading_s.json"
+    grading.write_text(json.dumps({"ref/03_zero1": {"seconds": 31.26, "load": 3.0},
+                                   "blank/03_zero1": {"seconds": 9.0, "load": 3.0},
+                                   "e2e-1 make grade (4 submissions)": {"seconds": 200.0}}))
+    m = measured.from_grading(m, str(grading))
+    assert m["grade"]["03_zero1"] == {"seconds": 31.3, "load": 3.0} and set(m["grade"]) == {"00_setup", "03_zero1"}
+    assert "test_grading_e2e" in m["how"]["grade"]
