@@ -89,9 +89,12 @@ def bwrap_command(argv_tail: list[str], env: dict, role: str, data_fd: int | Non
     (learner, verdict, or host: the verdict kernel's rank host)."""
     key = role.upper()
     tmp = int(env.get("ZC_SANDBOX_TMP", 256 << 20))
-    # The host's /tmp is its own (root's): its ranks write only their launch's folder in it.
+    # Every role's /tmp is its own tmpfs, sticky and world-writable as a /tmp is: in the host's,
+    # the ranks of successive launches (one submission's code, one group, umask 007) share
+    # what they make there, e.g. a checkpoint saved at N ranks and loaded at M (09); the host
+    # opens nothing in it but the launch folders it makes itself (mkdtemp: random, exclusive).
     cmd = ["bwrap", "--proc", "/proc", "--dev", "/dev",
-           "--perms", "0755" if role == "host" else "1777", "--size", str(tmp), "--tmpfs", "/tmp",
+           "--perms", "1777", "--size", str(tmp), "--tmpfs", "/tmp",
            "--perms", "1777", "--size", str(max(tmp // 4, 1 << 20)), "--tmpfs", "/dev/shm",
            "--ro-bind", "/sys", "/sys"]
     for path in SYSTEM:

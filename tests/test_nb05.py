@@ -9,6 +9,7 @@ and runs only the graded cells it must break (`only=`), to keep the launches few
 that ignore the skeleton are in tests/fixtures/alternatives/05_zero3/own_design_*.py
 (tests/test_alternatives.py gives them full marks).
 """
+import copy
 import pytest
 
 import tests.harness as harness
@@ -257,6 +258,7 @@ def _with_course_cell_edit(monkeypatch, marker, old, new):
     def load(kind, aid):
         nb = real(kind, aid)
         if kind == "solutions" and aid == AID:
+            nb = copy.deepcopy(nb)           # harness.load's parse is shared: edit a copy
             (cell,) = [c for c in nb["cells"] if marker in "".join(c["source"])]
             src = "".join(cell["source"])
             assert old in src, old

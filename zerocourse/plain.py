@@ -14,10 +14,11 @@ and rebuilt from scratch; exactly these are admitted:
     fractions.Fraction                               rebuilt from its int numerator/denominator
     torch.dtype, torch.Size                          (test helpers return a tensor's dtype, shape)
     list, tuple, dict (OrderedDict becomes dict)     keys: the atoms above or tuples of them
+    set                                              of such keys (10's answer_gathers_params)
     torch.Tensor (a Parameter too)                   dense (strided), not on meta;
                                                      returned as a fresh copy with no attributes
 
-Anything else (a set, a torch.device, a sparse or meta tensor, a subclass) is refused
+Anything else (a frozenset, a torch.device, a sparse or meta tensor, a subclass) is refused
 with a message that names it and where it sits. Nesting is limited (64 levels), so is
 the number of values (1,000,000).
 """
@@ -65,7 +66,7 @@ def rebuild(value, where: str = "the value"):
 
 def _refuse(where: str, what: str):
     raise PlainDataError(f"{where} is {what}: only numbers, strings, bytes, tensors, lists, "
-                         f"tuples, dicts and Fractions are plain data")
+                         f"tuples, sets, dicts and Fractions are plain data")
 
 
 def _rebuild(value, where: str, depth: int, budget: list):
@@ -93,6 +94,10 @@ def _rebuild(value, where: str, depth: int, budget: list):
         items = [_rebuild(x, f"{where}[{i}]", depth + 1, budget)
                  for i, x in enumerate(list.__iter__(value) if kind is list else tuple.__iter__(value))]
         return items if kind is list else tuple(items)
+    if kind is set:
+        # Elements are rebuilt as keys are (builtin atoms or tuples of them): their __eq__ and
+        # __hash__ are the builtins', so membership and equality mean what a check expects.
+        return {_key(x, where, depth, budget) for x in set.__iter__(value)}
     if kind is dict or kind is collections.OrderedDict:
         out = {}
         for k, v in dict.items(value):
