@@ -190,3 +190,34 @@ VALID = {
 def test_valid_alternatives_get_full_marks(alt):
     solutions, only = VALID[alt]
     assert_full_marks(AID, solutions=solutions, only=only)
+
+
+# Issue 25 item 4: an unsharded ZeRO2Adam loses the memory points whatever it does inside its
+# ranks, because the memory cell also measures each rank from OUTSIDE (zerocourse.footprint, a
+# 4.2M-parameter model on 2 ranks). Here the in-process meter is fooled (patched, or the state
+# kept where it does not look): the points are lost on the outside figure alone.
+Z2 = "zero2-adam"
+Z2_STATE = "            self.master = flat[self.start:self.end].clone()       # fp32, this rank's shard only\n"
+FAKE_METER = '''
+def _fake_meter(model, optimizer=None, by_dtype=False):
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    return {"params": params, "grads": 0, "optimizer": 0, "other": 0, "total": params}
+
+class ZeRO2Adam:'''
+UNSHARDED = {
+    "unsharded state, the in-rank memory meter patched": [
+        (Z2, "class ZeRO2Adam:", FAKE_METER),
+        (Z2, Z2_STATE, Z2_STATE +
+         "        self.full = [flat.clone(), torch.zeros_like(flat), torch.zeros_like(flat)]\n"
+         "        __import__('zerocourse.memory', fromlist=['_']).measure_state_bytes.__code__ = _fake_meter.__code__\n")],
+    "full state hidden in a module-level dict (the meter walks only model and optimizer)": [
+        (Z2, "class ZeRO2Adam:", "_FULL_STATE = {}\n\nclass ZeRO2Adam:"),
+        (Z2, Z2_STATE, Z2_STATE +
+         "            _FULL_STATE[id(self)] = [flat.clone(), torch.zeros_like(flat), torch.zeros_like(flat)]\n")],
+}
+
+
+@pytest.mark.parametrize("bug", list(UNSHARDED))
+def test_unsharded_loses_the_memory_points_whatever_it_does_in_its_ranks(bug):
+    results = assert_bug_caught(AID, UNSHARDED[bug], [CHECK, MEM], [MEM], [CHECK])
+    assert "measured outside the rank" in results[MEM], results
