@@ -7,6 +7,9 @@ tqdm progress bars rendered as widgets, the memory calculator's slider redrawing
 Screenshots (artifacts/browser/, or $ZEROCOURSE_BROWSER_ARTIFACTS) include the three the
 README shows: the environment check, the memory calculator and the ZeRO-3 timeline
 (`make screenshots` copies them to docs/screenshots/).
+
+And nothing learner-authored runs in a browser: a hostile submission graded by grade.py, then
+shown in formgrader (served as `make formgrader` serves it) and as feedback (issue 25 item 5).
 """
 import json
 import os
@@ -240,3 +243,292 @@ def test_notebook7(browser, course):
         _shot(browser, "notebook7-01-calculator.png")
         assert len(nb7.kernels()) == 2, nb7.kernels()
     assert nb7.left_behind == [], f"processes left after Notebook 7 stopped: {nb7.left_behind}"
+
+
+# --- Nothing learner-authored runs in a browser (issue 25, item 5) --------------------------------
+# One hostile submission of 01 (its figures are PNGs from course cells that run under grading), graded once by autograder/grade.py as `make grade` does, then shown in formgrader
+# (served as `make formgrader` serves it) and as feedback. Each payload, if it ran, would set
+# window.zcPwned and request http://127.0.0.1:<watcher>/hit/<vector>.
+HOSTILE_AID = "01_bytes_per_parameter"
+
+
+class Watcher:
+    """An HTTP server on loopback that records the paths a payload requests."""
+
+    def __init__(self):
+        import http.server
+        import threading
+        hits = self.hits = []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                hits.append(self.path)
+                self.send_response(204)
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def payload(self, vector):
+        return (f"window.zcPwned=(window.zcPwned||[]).concat(['{vector}']);"
+                f"new Image().src='http://127.0.0.1:{self.port}/hit/{vector}'")
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _hostile_cells(watcher):
+    """The three vectors: a text/html output with an event handler, an application/javascript
+    output, a markdown cell with an event handler."""
+    import nbformat
+    html = "<b>bold stays</b><img src=x onerror=" + json.dumps(watcher.payload("html")) + ">"
+    return [nbformat.v4.new_code_cell("from IPython.display import HTML, Javascript, display\n"
+                                      f"display(HTML({html!r}))"),
+            nbformat.v4.new_code_cell(f"display(Javascript({watcher.payload('js')!r}))"),
+            nbformat.v4.new_markdown_cell("My answer <img src=x onerror=" +
+                                          json.dumps(watcher.payload("md")) + ">")]
+
+
+HOSTILE_TEST = "test_formgrader_and_feedback_run_nothing_learner_authored"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def hostile_grading(request, tools, tmp_path_factory):
+    """Starts grading mallory's hostile submission when the module starts (only if its test is
+    selected): grade.py runs while the JupyterLab tests mostly wait on the browser, so the
+    grading adds little wall time. Yields (base folder, watcher, process, start time)."""
+    import signal
+    import subprocess
+    import sys
+    from tests.fixtures.make_submission import write
+    if not any(item.name == HOSTILE_TEST for item in request.session.items):
+        yield None
+        return
+    watcher, proc = Watcher(), None
+    try:
+        base = tmp_path_factory.mktemp("hostile")
+        nb = solution_as_submission(HOSTILE_AID)
+        nb["cells"] += _hostile_cells(watcher)
+        write(nb, str(base / "subs"), "mallory", HOSTILE_AID)
+        with open(base / "grade.log", "w") as log:      # a file: a full pipe would block it
+            proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "autograder", "grade.py"),
+                                     str(base / "subs"), str(base / "out"), "--jobs", "1"],
+                                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        yield base, watcher, proc, time.monotonic()
+    finally:
+        if proc is not None and proc.poll() is None:    # the session was cut short
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        watcher.close()
+
+
+@pytest.fixture(scope="module")
+def hostile_graded(hostile_grading):
+    """(OUT folder, watcher, (seconds waited here, seconds it ran before)): graded."""
+    base, watcher, proc, started = hostile_grading
+    t0 = time.monotonic()
+    rc = proc.wait(timeout=max(60.0, 900 - (t0 - started)))
+    with open(base / "grade.log") as f:
+        log = f.read()
+    assert rc == 0, f"grade.py exited {rc}:\n{log[-4000:]}"
+    return str(base / "out"), watcher, (time.monotonic() - t0, t0 - started)
+
+
+def _course_figures(aid):
+    """How many figures the course's own cells of `aid` draw (each ends in plt.show())."""
+    nb = load("solutions", aid)
+    return sum("plt.show()" in "".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
+
+
+def _nothing_ran(browser, watcher, where):
+    time.sleep(1.0)                          # an image request takes a moment to go out
+    ran = browser.driver.execute_script("return window.zcPwned || null")
+    assert ran is None and watcher.hits == [], f"{where}: payload ran: {ran} {watcher.hits}"
+
+
+def _figures(browser, where, expected):
+    """The course's PNG figures are on the page and decoded by the browser."""
+    sizes = browser.driver.execute_script("""
+        return Array.from(document.images).filter(i => i.src.startsWith('data:image/png'))
+                    .map(i => i.complete ? i.naturalWidth : 0);""")
+    assert len(sizes) == expected and all(w > 100 for w in sizes), (where, sizes)
+
+
+def _inject(browser, watcher):
+    """What a sanitizer miss would put in the page: an inline handler and an inline script
+    (WebDriver's own script is not subject to the page's CSP; what it inserts is)."""
+    browser.driver.execute_script("""
+        const d = document.createElement('div');
+        d.innerHTML = '<img src="data:," onerror="' + arguments[0] + '">';
+        document.body.appendChild(d);
+        const s = document.createElement('script');
+        s.textContent = arguments[0];
+        document.body.appendChild(s);""", watcher.payload("inject"))
+
+
+def _raw_hostile_cells(watcher):
+    """The hostile cells as an autograde without the sanitizer would have written them."""
+    html, js, md = _hostile_cells(watcher)
+    html.outputs = [{"output_type": "display_data", "metadata": {}, "data": {
+        "text/html": "<b>bold stays</b><img src=x onerror=" + json.dumps(watcher.payload("html"))
+                     + ">", "text/plain": "<IPython.core.display.HTML object>"}}]
+    js.outputs = [{"output_type": "display_data", "metadata": {},
+                   "data": {"application/javascript": watcher.payload("js"),
+                            "text/plain": "<IPython.core.display.Javascript object>"}}]
+    for cell in (html, js):
+        cell.execution_count = 1
+    return [html, js, md]
+
+
+def _waiter(driver):
+    def wait(cond, timeout, what):
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                if cond():
+                    return
+            except Exception:               # the page is still loading
+                pass
+            if time.monotonic() > deadline:
+                driver.save_screenshot(os.path.join(ARTIFACTS, "hostile-timeout.png"))
+                raise TimeoutError(f"waited {timeout} s for {what}")
+            time.sleep(0.25)
+    return wait
+
+
+def _csp_refusals(messages):
+    return [m for m in messages if "Content Security Policy" in m]
+
+
+@pytest.mark.timeout(900)
+def test_formgrader_and_feedback_run_nothing_learner_authored(browser, hostile_graded):
+    """formgrader (as `make formgrader` runs it) and the feedback page, with the three vectors:
+    nothing runs, the course's figures render, formgrader and JupyterLab work under the CSP;
+    with the protection off (the controls at the end) the same payloads run and are seen."""
+    from nbgrader.api import Gradebook
+    out, watcher, (waited, before) = hostile_graded
+    t0 = time.monotonic()
+    os.makedirs(ARTIFACTS, exist_ok=True)
+    nb_path = os.path.join(out, "autograded", "mallory", HOSTILE_AID, f"{HOSTILE_AID}.ipynb")
+    with open(nb_path) as f:
+        graded = json.load(f)
+    import csv
+    with open(os.path.join(out, "grades.csv")) as f:
+        row, = csv.DictReader(f)
+    assert row["status"] == "graded" and float(row["score"]) == float(row["max_score"]) > 0, \
+        f"the hostile cells changed the solution's score: {row}"
+    # On disk (what formgrader reads): no payload in any output, the markdown as literal text.
+    outputs = [o for c in graded["cells"] if c["cell_type"] == "code" for o in c["outputs"]]
+    assert not [o for o in outputs if "onerror" in json.dumps(o) or
+                "application/javascript" in o.get("data", {})], "a payload output survived"
+    assert "".join(graded["cells"][-1]["source"]).startswith("> ⚠ **Shown as text by the grader")
+    figures = sum("image/png" in o.get("data", {}) for o in outputs)
+    assert figures == _course_figures(HOSTILE_AID) > 0, \
+        f"the course's figures of {HOSTILE_AID}: {figures} of {_course_figures(HOSTILE_AID)}"
+
+    with Gradebook(f"sqlite:///{out}/gradebook.db") as gb:
+        sub = gb.find_submission_notebook(HOSTILE_AID, HOSTILE_AID, "mallory").id
+    server = JupyterServer(
+        "lab", out, os.path.join(ARTIFACTS, "formgrader.log"),
+        args=[f"--config={ROOT}/autograder/formgrader_config.py", "--ServerApp.default_url=/formgrader"],
+        env={"ZEROCOURSE_NBGRADER_ROOT": out, "ZEROCOURSE_GRADEBOOK": f"sqlite:///{out}/gradebook.db"})
+    d = browser.driver
+    page_wait = _waiter(d)
+    with server:
+        browser.console()
+        # JupyterLab itself under the policy: the app and its Nbgrader menu come up, no refusal.
+        d.get(server.url + "/lab")
+        page_wait(lambda: [e for e in d.find_elements("css selector", ".lm-MenuBar-item")
+                           if e.text.strip() == "Nbgrader"], 120, "JupyterLab's Nbgrader menu")
+        time.sleep(2)
+        assert _csp_refusals(browser.console()) == [], "JupyterLab broke under the CSP"
+        # formgrader's own pages: their nonced inline scripts ran (tables filled from the API).
+        d.get(server.url + "/formgrader")
+        page_wait(lambda: HOSTILE_AID in d.find_element("tag name", "body").text, 60,
+                  "Manage Assignments listing the assignment")
+        d.get(f"{server.url}/formgrader/gradebook/{HOSTILE_AID}/{HOSTILE_AID}")
+        page_wait(lambda: "Submission #1" in d.find_element("tag name", "body").text, 60,
+                  "the gradebook listing the submission")
+        assert _csp_refusals(browser.console()) == [], "a formgrader page broke under the CSP"
+
+        # The submission view of the sanitized notebook (the autograde step's sanitizer).
+        submission_url = f"{server.url}/formgrader/submissions/{sub}/"
+        d.get(submission_url)
+        page_wait(lambda: d.execute_script("return typeof toggle_name === 'function' && "
+                                           "typeof submission_id === 'string'"), 60,
+                  "formgrader's inline scripts on the submission view")
+        _nothing_ran(browser, watcher, "formgrader, autograded notebook")
+        _figures(browser, "formgrader", figures)
+        body = d.find_element("tag name", "body").text
+        assert "bold stays" in body and "Shown as text by the grader" in body and \
+            "My answer <img src=x onerror=" in body, "the learner's text is not shown as text"
+        assert _csp_refusals(browser.console()) == []
+        _shot(browser, "formgrader-hostile-submission.png")
+
+        # The same view of an autograded notebook that holds the raw payloads (graded by other
+        # means, e.g. formgrader's Autograde button): formgrader's exporter sanitizes it.
+        raw = json.loads(json.dumps(graded))
+        raw["cells"][-3:] = _raw_hostile_cells(watcher)
+        with open(nb_path, "w") as f:
+            json.dump(raw, f)
+        d.get(submission_url)
+        page_wait(lambda: d.execute_script("return typeof submission_id === 'string'"), 60,
+                  "the submission view")
+        _nothing_ran(browser, watcher, "formgrader, raw notebook")
+        assert d.execute_script("return document.querySelectorAll('#notebook-container "
+                                "[onerror], #notebook-container script').length") == 0
+
+        # The CSP alone: what a sanitizer miss would add to the page is refused.
+        _inject(browser, watcher)
+        _nothing_ran(browser, watcher, "formgrader, injected after load")
+        refused = _csp_refusals(browser.console())
+        assert len(refused) >= 2, f"the CSP did not refuse the injected handler and script: {refused}"
+    assert server.left_behind == []
+
+    # Feedback, as a learner or an LMS opens it: a file, no server, no header.
+    page = os.path.join(out, "feedback", "mallory", HOSTILE_AID, f"{HOSTILE_AID}.html")
+    d.get("file://" + page)
+    page_wait(lambda: "Shown as text by the grader" in d.find_element("tag name", "body").text,
+              30, "the feedback page")
+    _nothing_ran(browser, watcher, "feedback")
+    _figures(browser, "feedback", figures)
+    _inject(browser, watcher)
+    _nothing_ran(browser, watcher, "feedback, injected after load")
+
+    # Controls: with the protection off, this browser runs each payload and the watcher sees
+    # it, so every check above can fail. (1) The raw notebook exported by plain nbconvert
+    # (no sanitizer, no policy): the three vectors run. (2) The feedback page without its
+    # CSP <meta>: the injected handler and script run.
+    from nbconvert import HTMLExporter
+    import nbformat
+    unprotected, _ = HTMLExporter().from_notebook_node(
+        nbformat.reads(json.dumps(raw), as_version=4))
+    control = os.path.join(os.path.dirname(out), "control-vectors.html")
+    with open(control, "w") as f:
+        f.write(unprotected)
+    d.get("file://" + control)
+    vectors = {"/hit/html", "/hit/js", "/hit/md"}
+    page_wait(lambda: vectors <= set(watcher.hits), 30, "the unprotected page's three payloads")
+    assert sorted(d.execute_script("return window.zcPwned")) == ["html", "js", "md"]
+    _figures(browser, "unprotected control", figures)
+    with open(page) as f:
+        bare = f.read().replace('http-equiv="Content-Security-Policy"', 'name="no-csp"')
+    control = os.path.join(os.path.dirname(out), "control-feedback.html")
+    with open(control, "w") as f:
+        f.write(bare)
+    d.get("file://" + control)
+    _inject(browser, watcher)
+    # (both payloads request the same URL: the browser may send it once)
+    page_wait(lambda: d.execute_script("return window.zcPwned") == ["inject", "inject"] and
+              "/hit/inject" in watcher.hits, 10, "the bare feedback page's injected payloads to run")
+    print(f"\nhostile formgrader/feedback: waited {waited:.0f} s for grading (started "
+          f"{before:.0f} s earlier), browser checks {time.monotonic() - t0:.0f} s")

@@ -7,7 +7,11 @@ notebook's code put into the fetched copy), validates and submits from the UI; l
 the blank copy (nbgrader on the command line, as that user); deploy/hub/grade.sh collects,
 grades with autograder/grade.py and releases feedback; learner 1 fetches and opens it.
 Checked: full marks and 0; learners never hold solutions or hidden tests and cannot read the
-instructor's course; learners see only the Assignments tab, the instructor sees Formgrader;
+instructor's course, the repository's solutions, tests, history or instructor notes (every file a
+learner can open is searched for the hidden tests' and the notes' lines); learner 2's submission
+named for learner 1 (`nbgrader submit --student`) is refused in collect and in grade.py's inbound
+mode, with a status row; learners see only the Assignments tab, the instructor sees Formgrader,
+under a CSP that refuses an inline script added to the page;
 after deploy/hub/teardown.sh nothing is left (users, folders, hub, proxy, servers, kernels).
 Screenshots: artifacts/hub/ (or $ZEROCOURSE_HUB_ARTIFACTS).
 """
@@ -103,6 +107,63 @@ def _secret_lines():
                       if len(ln.strip()) >= 20 and json.dumps(ln.strip())[1:-1] not in released}
     assert lines, "found no solution or hidden-test lines in the solution notebook"
     return lines
+
+
+_SCAN = r"""
+import json, os, sys
+root, needles = sys.argv[1], json.load(open(sys.argv[2]))
+closed = ("solutions", "tests", ".git", ".ci", "artifacts", os.path.join("autograder", "notes"))
+found = []
+for d, dirs, files in os.walk(root):
+    dirs[:] = [x for x in dirs if x not in (".venv", "__pycache__")]
+    for name in files:
+        path = os.path.join(d, name)
+        try:
+            with open(path, errors="replace") as f:
+                text = f.read()
+        except OSError:
+            continue                      # not readable by this learner: as it should be
+        rel = os.path.relpath(path, root)
+        if any(rel.startswith(c + os.sep) for c in closed):
+            found.append(rel)
+        found += [f"{rel}: {n[:60]}" for n in needles if n in text]
+print(json.dumps(found))
+"""
+
+
+def _learner_scan(user):
+    """Files of the repository `user` can read that are instructor material, or that hold a
+    hidden test's line or a line found only in the instructor notes."""
+    closed = ("solutions", "tests", ".git", ".ci", "artifacts", os.path.join("autograder", "notes"))
+    public = []
+    for d, dirs, files in os.walk(ROOT):
+        rel = os.path.relpath(d, ROOT)
+        if any(f"{rel}/".startswith(c + "/") for c in closed) or "/.venv" in f"/{rel}" or \
+                "__pycache__" in rel:
+            dirs[:] = []
+            continue
+        for name in files:
+            with open(os.path.join(d, name), errors="replace") as f:
+                public.append(f.read())
+    public = "\n".join(public)
+    needles = set()
+    for path in glob.glob(os.path.join(ROOT, "solutions", "*", "*.ipynb")):
+        with open(path) as f:
+            for cell in json.load(f)["cells"]:
+                for block in re.findall(r"### BEGIN HIDDEN TESTS\n(.*?)### END", source(cell), re.S):
+                    needles |= {ln.strip() for ln in block.splitlines() if len(ln.strip()) >= 25}
+    for path in glob.glob(os.path.join(ROOT, "autograder", "notes", "*.md")):
+        with open(path) as f:
+            needles |= {ln.strip() for ln in f if len(ln.strip()) >= 40}
+    needles = sorted(n for n in needles if n not in public)    # what only those files hold
+    assert len(needles) > 100, len(needles)
+    spec = os.path.join(HUB_ROOT, "scan-needles.json")
+    with open(spec, "w") as f:
+        json.dump(needles, f)
+    os.chmod(spec, 0o644)
+    p = _as(user, "python3", "-c", _SCAN, ROOT, spec, timeout=120)
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout)
 
 
 def _grep_home(user, needles):
@@ -241,11 +302,28 @@ def test_hub_end_to_end(tools):
                 open(os.path.join(ROOT, "notebooks", AID, f"{AID}.ipynb")) as b:
             assert json.load(a) == json.load(b), "the hub's release differs from notebooks/"
 
-        # Learners cannot read the instructor's course, nor the repository's solutions.
-        for target in (course, f"{course}/source/{AID}/{AID}.ipynb",
-                       os.path.join(ROOT, "solutions", AID, f"{AID}.ipynb")):
-            p = _as(L2, "cat", target)
-            assert p.returncode != 0 and "Permission denied" in p.stderr, (target, p.stderr)
+        # Learners cannot read the instructor's course, nor the repository's solutions, tests,
+        # history or instructor notes (hidden-test tables, rubrics, quiz answers), in a terminal;
+        # the instructor has the notes in the course folder.
+        t0 = time.monotonic()
+        for target in (course, f"{course}/source/{AID}/{AID}.ipynb", f"{course}/notes/{AID}.md",
+                       os.path.join(ROOT, "solutions", AID, f"{AID}.ipynb"),
+                       os.path.join(ROOT, "autograder", "notes", f"{AID}.md"),
+                       os.path.join(ROOT, "autograder", "notes", "06_communication_bill.md"),
+                       os.path.join(ROOT, "tests", "test_nb00.py"),
+                       os.path.join(ROOT, ".git", *(["HEAD"] if os.path.isdir(f"{ROOT}/.git") else []))):
+            for user in (L1, L2):
+                p = _as(user, "cat", target)
+                assert p.returncode != 0 and "Permission denied" in p.stderr, (user, target, p.stderr)
+        p = _as(L2, "ls", os.path.join(ROOT, "autograder", "notes"))
+        assert p.returncode != 0 and "Permission denied" in p.stderr, p.stdout
+        p = _as(INSTRUCTOR, "cat", f"{course}/notes/{AID}.md")
+        assert p.returncode == 0 and p.stdout.strip(), p.stderr
+        # ...nor find their text anywhere they can read: every file of the repository a learner
+        # can open, searched for the hidden tests' and the notes' own lines.
+        leaks = _learner_scan(L2)
+        assert leaks == [], f"instructor-only text readable by a learner: {leaks[:10]}"
+        timings["learner reads (s)"] = time.monotonic() - t0
 
         with Browser(*tools) as browser:
             try:
@@ -309,8 +387,18 @@ def test_hub_end_to_end(tools):
                     p = _as(L2, f"{VENV}/bin/nbgrader", *args)
                     assert p.returncode == 0, p.stdout + p.stderr
                 # ...and cannot list the submissions in the exchange (learner 1's among them).
-                p = _as(L2, "ls", f"{HUB_ROOT}/exchange/zero-by-hand/inbound")
+                inbound = f"{HUB_ROOT}/exchange/zero-by-hand/inbound"
+                p = _as(L2, "ls", inbound)
                 assert p.returncode != 0 and "Permission denied" in p.stderr, p.stdout
+                # Then learner 2 submits the blank copy AS LEARNER 1 (nbgrader's own --student):
+                # an inbound entry named for learner 1, newer than learner 1's real submission.
+                time.sleep(1.1)
+                p = _as(L2, f"{VENV}/bin/nbgrader", "submit", AID, f"--student={L1}")
+                assert p.returncode == 0, p.stdout + p.stderr
+                l2_uid = int(_run(["id", "-u", L2]))
+                forged = [e for e in glob.glob(f"{inbound}/{L1}+{AID}+*")
+                          if os.lstat(e).st_uid == l2_uid]
+                assert len(forged) == 1, os.listdir(inbound)
 
                 # The instructor's Nbgrader menu has Formgrader, which opens on the course.
                 d.get(f"{url}/hub/logout")
@@ -324,6 +412,13 @@ def test_hub_end_to_end(tools):
                 # Its table of assignments fills in from its API: 00_setup, released.
                 _wait(lambda: AID in d.find_element(By.TAG_NAME, "body").text, 60,
                       "00_setup in Formgrader's Manage Assignments")
+                # ...served under the policy that runs no inline script but the server's own:
+                # formgrader's own (nonced) scripts filled the table above; a script added to
+                # the page, as a sanitizer miss would add it, is refused.
+                ran = d.execute_script(
+                    "const s = document.createElement('script'); s.textContent = 'window.zcRan = 1';"
+                    "document.body.appendChild(s); return window.zcRan === 1;")
+                assert ran is False, "an inline script ran in the instructor's formgrader"
                 d.switch_to.default_content()
                 step.shot("instructor-formgrader")
                 d.find_element(By.TAG_NAME, "body").send_keys(Keys.ESCAPE)
@@ -336,8 +431,26 @@ def test_hub_end_to_end(tools):
                     rows = {r["student_id"]: r for r in csv.DictReader(f)}
                 assert set(rows) == {L1, L2}, (rows, out)
                 full = float(rows[L1]["max_score"])
+                # Learner 1's own submission is graded, not the newer forgery; learner 2's row
+                # says what was refused and why (collect refused it: autograder/exchange.py).
                 assert full > 0 and float(rows[L1]["score"]) == full, rows[L1]
+                assert rows[L1]["status"] == "graded", rows[L1]
                 assert float(rows[L2]["score"]) == 0, rows[L2]
+                why = f"refused: inbound entry '{os.path.basename(forged[0])}' names {L1} but " \
+                      f"the entry is owned by {L2}"
+                assert rows[L2]["status"].startswith("graded; " + why), rows[L2]
+                # grade.py's own inbound mode on the exchange's entry refuses it the same way.
+                t0 = time.monotonic()
+                only = os.path.join(HUB_ROOT, "forged-inbound")
+                os.makedirs(only)
+                _run(["cp", "-a", forged[0], only])          # -a: owner and modes kept
+                _run([f"{VENV}/bin/python", os.path.join(ROOT, "autograder", "grade.py"), only,
+                      os.path.join(HUB_ROOT, "graded", "forged")], timeout=300)
+                with open(os.path.join(HUB_ROOT, "graded", "forged", "grades.csv")) as f:
+                    forged_rows = list(csv.DictReader(f))
+                assert [(r["student_id"], r["status"]) for r in forged_rows] == [(L2, why + (
+                    "; only a learner's own account can submit as that learner"))], forged_rows
+                timings["grade.py inbound refusal (s)"] = time.monotonic() - t0
 
                 # Learner 1 fetches the feedback from the Assignments tab and opens it.
                 d.get(f"{url}/hub/logout")
