@@ -41,12 +41,6 @@ NUMBERS = {w: i for i, w in enumerate(
 KNOWN = [
     # C5: run times the per-notebook notes state themselves (they point to WORKSHOP's table
     # once fixed; the integrator measures the notebooks into docs/measured.json at the end)
-    ("C5", "autograder/notes/00_setup.md", "run time"),
-    ("C5", "autograder/notes/01_bytes_per_parameter.md", "run time"),
-    ("C5", "autograder/notes/02_data_parallelism.md", "run time"),
-    ("C5", "autograder/notes/05_zero3.md", "run time"),
-    ("C5", "autograder/notes/06_communication_bill.md", "run time"),
-    ("C5", "autograder/notes/07_overlap.md", "run time"),
     # 09_train_it_for_real landed; its run and grade times are measured with the others at the end
     ("09", "autograder/notes/WORKSHOP.md", "lists notebooks"),
     ("09", "docs/measured.json", "09"),

@@ -31,10 +31,8 @@ BIN = os.path.dirname(sys.executable)
 
 # aid -> the error its solution still raises under the device proxy (the notebook's owner fixes
 # it; then the entry goes: strict xfail turns an XPASS red).
-# Measured 2026-12-01 on main (the other nine pass under the proxy; 06's owner is on it, issue 29):
-KNOWN_PROXY_FAILURES: dict[str, str] = {
-    "06_communication_bill": "cell 4: all_reduce: argument 0 (float32[262144]) is on meta",
-}
+# Measured 2026-12-01 on main: all eleven pass (the proxy found and fixed bugs in 00, 02-08, 10).
+KNOWN_PROXY_FAILURES: dict[str, str] = {}    # none: every solution passes under the proxy
 PROXY_ENV = dict(os.environ, ZEROCOURSE_DEVICE_PROXY="1")
 
 
