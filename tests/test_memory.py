@@ -305,3 +305,14 @@ def test_composes_with_other_dispatch_modes(order):
     assert order == "two_trackers" or other.ops > 0
     assert mem.peak_bytes == alone.peak_bytes > 0
     assert mem.current_bytes == alone.current_bytes
+
+
+def test_the_caching_allocator_is_a_second_figure_on_cuda_only():
+    """PeakTracker reads torch.cuda.max_memory_allocated when the rank's device is a GPU (issue
+    29; make test-gpu's graded cells run it there); on the CPU the figure is None, never made up."""
+    import torch
+    from zerocourse.memory import PeakTracker
+    with PeakTracker() as mem:
+        x = torch.ones(1000)
+    assert mem.peak_bytes >= 4000 and x.numel() == 1000
+    assert mem.cuda_peak_bytes is None           # outside a CUDA rank: the rank's device is the CPU

@@ -198,12 +198,19 @@ class PeakTracker(TorchDispatchMode):
             loss_fn(model(x), y).backward()
             mem.mark("backward done")
         print(format_bytes(mem.peak_bytes))
+
+    On a CUDA rank the caching allocator is read too, as a second measurement of the same
+    region: cuda_peak_bytes = torch.cuda.max_memory_allocated() during the region minus what was
+    allocated when it began (None when the rank's device is the CPU). It counts every allocation of the process on
+    that GPU (NCCL's buffers, the allocator's rounding), so it is at least peak_bytes.
     """
 
     def __init__(self):
         super().__init__()
         self.current_bytes = 0
         self.peak_bytes = 0
+        self.cuda_peak_bytes = None     # set on leaving the region, on a CUDA rank only
+        self._cuda_start = None
         self.timeline = []   # [(event_index, live_bytes, label)]
         self._live = {}      # id(storage) -> [weakref, baseline_nbytes, counted_nbytes]
         self._active = False
@@ -225,9 +232,17 @@ class PeakTracker(TorchDispatchMode):
             torch.UntypedStorage.resize_ = _tracked_resize
         _ACTIVE_TRACKERS.append(self)
         self._active = True
+        from zerocourse.devices import rank_device
+        device = rank_device()
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+            self._cuda_start = (device, torch.cuda.memory_allocated(device))
         return super().__enter__()
 
     def __exit__(self, *exc):
+        if self._cuda_start is not None:
+            device, start = self._cuda_start
+            self.cuda_peak_bytes = torch.cuda.max_memory_allocated(device) - start
         self._active = False
         _ACTIVE_TRACKERS.remove(self)
         if not _ACTIVE_TRACKERS:
