@@ -112,7 +112,20 @@ def _whoami(rank, world_size):
             "caps": status["CapEff"].strip(), "bounding_ok": True, "nnp": status["NoNewPrivs"].strip(),
             "fds": fds, "conn": _rank._CHANNEL.conn.fileno(), "signal_host": signal_host,
             "home": os.environ.get("HOME"), "cwd": os.getcwd(),
-            "writable_tmp": os.access("/tmp", os.W_OK)}
+            # The host's /tmp is a sticky /tmp (launches share a checkpoint folder through it):
+            # a rank may add to it, never move or remove what root (or another user) made there.
+            "tmp_sticky": bool(os.stat("/tmp").st_mode & stat.S_ISVTX),
+            "moved_launch_folder": _try_rename(os.getcwd())}
+
+
+def _try_rename(path):
+    import os
+    try:
+        os.rename(path, path + ".moved")
+    except OSError:
+        return False
+    os.rename(path + ".moved", path)
+    return True
 
 
 @ROOT_ONLY
@@ -123,7 +136,7 @@ def test_each_rank_is_a_user_of_its_own_with_nothing_of_the_host(host):
         assert me["uid"] == me["euid"] == uids["ranks"] + rank
         assert me["gid"] == uids["group"] and me["groups"] == [uids["group"]]
         assert me["caps"] == "0000000000000000" and me["nnp"] == "1"
-        assert not me["signal_host"] and not me["writable_tmp"]
+        assert not me["signal_host"] and me["tmp_sticky"] and not me["moved_launch_folder"]
         assert me["home"] == me["cwd"]                       # the launch's folder
         # Its own pipe to the host is its only Unix socket: nothing reaches the verdict kernel.
         unix = [fd for fd, kind in me["fds"].items() if kind == "unix"]
