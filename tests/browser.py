@@ -35,6 +35,33 @@ CHROME_FLAGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-qu
 APT_PACKAGES = ["chromium", "chromium-driver", "fonts-noto-color-emoji"]
 
 
+def wait_until(cond, timeout: float, what: str, interval: float = 0.25, describe=None,
+               on_timeout=None) -> None:
+    """Poll cond() until it is true; an exception from it counts as not yet (a page loading).
+
+    Args:
+        cond: a function of no arguments.
+        timeout: seconds before TimeoutError("waited <timeout> s for <what> (<describe()>)").
+        what: what is waited for, in the error.
+        interval: seconds between polls.
+        describe: a function giving the state to add to the error (e.g. the kernel's status).
+        on_timeout: called before the error is raised (e.g. to save a screenshot).
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if cond():
+                return
+        except Exception:                   # the page is still loading
+            pass
+        if time.monotonic() > deadline:
+            if on_timeout is not None:
+                on_timeout()
+            extra = f" ({describe()})" if describe is not None else ""
+            raise TimeoutError(f"waited {timeout:g} s for {what}{extra}")
+        time.sleep(interval)
+
+
 class BrowserUnavailable(RuntimeError):
     """Chromium or ChromeDriver is missing and could not be installed (the test skips)."""
 
@@ -247,17 +274,8 @@ class NotebookPage:
             return (s && s.kernel) ? w.sessionContext.kernelDisplayStatus : 'no kernel';""")
 
     def wait_for(self, cond, timeout: float, what: str, interval: float = 0.25):
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                if cond():
-                    return
-            except Exception:               # the page is still loading
-                pass
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{self.path}: waited {timeout:g} s for {what} "
-                                   f"(kernel: {self.status()})")
-            time.sleep(interval)
+        wait_until(cond, timeout, f"{self.path}: {what}", interval,
+                   describe=lambda: f"kernel: {self.status()}")
 
     def click_menu(self, menu: str, command: str) -> None:
         """Click a menu of the menu bar, then the item that runs `command`, like a user."""

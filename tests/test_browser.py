@@ -17,7 +17,7 @@ import shutil
 import time
 import pytest
 
-from tests.browser import Browser, BrowserUnavailable, JupyterServer, browser_tools
+from tests.browser import Browser, BrowserUnavailable, JupyterServer, browser_tools, wait_until
 from tests.fixtures.make_submission import load, solution_as_submission
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -391,17 +391,8 @@ def _raw_hostile_cells(watcher):
 
 def _waiter(driver):
     def wait(cond, timeout, what):
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                if cond():
-                    return
-            except Exception:               # the page is still loading
-                pass
-            if time.monotonic() > deadline:
-                driver.save_screenshot(os.path.join(ARTIFACTS, "hostile-timeout.png"))
-                raise TimeoutError(f"waited {timeout} s for {what}")
-            time.sleep(0.25)
+        wait_until(cond, timeout, what, on_timeout=lambda: driver.save_screenshot(
+            os.path.join(ARTIFACTS, "hostile-timeout.png")))
     return wait
 
 
