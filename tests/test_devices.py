@@ -136,9 +136,10 @@ def test_auto_stays_on_gloo_and_says_why_where_gpus_exist(monkeypatch, capsys):
 
 
 def test_modules_scripted_at_import_load_under_the_proxy():
-    """torch.distributed.optim TorchScript-compiles functions at import, which cannot compile the
-    proxy's wrapped factories: install_proxy imports it first (03's ZeroRedundancyOptimizer
-    comparison failed in its ranks without). A fresh interpreter: no fork server preloaded it."""
+    """torch.distributed.optim TorchScript-compiles functions at import, and TorchScript cannot
+    compile a Python wrapper: the proxy's factories are registered as the builtin ops they wrap
+    (03's ZeroRedundancyOptimizer comparison failed in its ranks without). A fresh interpreter:
+    no fork server preloaded the module."""
     import subprocess
     import sys
     code = ("from zerocourse.devices import install_proxy\n"

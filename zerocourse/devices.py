@@ -68,6 +68,12 @@ def _proxied(name: str, fn):
         return fn(*args, **kwargs)
 
     factory._zc_proxied = fn
+    # TorchScript resolves torch.<name> by attribute and cannot compile this wrapper: it is
+    # registered as the builtin op fn stands for (modules such as torch.distributed.optim script
+    # functions at import, in a rank under the proxy too; scripted code is torch's own).
+    op = torch.jit._builtins._find_builtin(fn)
+    if op is not None:
+        torch.jit._builtins._register_builtin(factory, op)
     return factory
 
 
@@ -78,9 +84,6 @@ def _in_device_context() -> bool:
     from torch.overrides import _get_current_function_mode_stack
     from torch.utils._device import DeviceContext
     return any(isinstance(m, DeviceContext) for m in _get_current_function_mode_stack())
-
-
-_IMPORT_BEFORE_PROXY = ("torch.distributed.optim",)
 
 
 def install_proxy() -> None:
@@ -94,14 +97,7 @@ def install_proxy() -> None:
     (not a TorchFunctionMode, whose stack is empty while autograd runs hooks and backward
     functions, and a GPU machine's CPU default applies there too).
     """
-    import importlib
     from torch.utils._device import _device_constructors
-    # Modules that torch.jit.script functions at import time: TorchScript resolves the factory
-    # functions they call by name and cannot compile a Python wrapper, so they are imported
-    # while the factories are still torch's own (torch.distributed.optim: 03's and 05's
-    # ZeroRedundancyOptimizer comparisons import it in a rank).
-    for name in _IMPORT_BEFORE_PROXY:
-        importlib.import_module(name)
     for fn in _device_constructors():
         name = fn.__name__
         if getattr(torch, name, None) is fn:
