@@ -456,7 +456,13 @@ def main(argv=None) -> None:
     parser.add_argument("--memcg")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGINT, signal.SIG_IGN)      # the verdict kernel's interrupts are its own
-    import zerocourse._rank  # noqa: F401 - torch, once, before any rank is forked
+    # What the launcher's fork server preloads, for the same reason: imported once here, before
+    # any rank is forked, instead of in every rank of every launch (torch._dynamo, which the
+    # first torch.optim step of a rank imports, measured 2.1-2.4 s per rank idle: 04's graded
+    # cells spent ~50 of their 64 s importing it).
+    import importlib
+    for module in importlib.import_module("zerocourse.launch").FORKSERVER_PRELOAD:
+        importlib.import_module(module)
     if args.uid_base is not None and os.geteuid() == 0:
         os.setgroups([args.gid])                      # to give the launch folders its group
         uid_base, gid = args.uid_base, args.gid
