@@ -196,23 +196,28 @@ def _make_cgroup(ctrl: str, name: str, files: dict) -> str | None:
 
 
 def _empty_and_remove(path: str) -> None:
-    """Kill every task in a cgroup and in the cgroups below it, then remove them all."""
+    """Kill every task in a cgroup and in the cgroups below it, then remove them all.
+
+    A process may still be joining while this runs (a command of the box that was just
+    started): rmdir then fails with EBUSY after the cgroup looked empty, so it kills and tries
+    again until the cgroup is gone (measured: a box closed at once after Popen left its memory
+    cgroup behind about once in a full make test)."""
     for dirpath, dirnames, _ in sorted(os.walk(path), key=lambda x: -len(x[0])):
         for _ in range(50):
             try:
                 with open(os.path.join(dirpath, "cgroup.procs")) as f:
                     pids = [int(p) for p in f.read().split()]
             except OSError:
-                break
-            if not pids:
-                break
+                break                               # gone already
             for pid in pids:
                 try:
                     os.kill(pid, signal.SIGKILL)
                 except OSError:
                     pass
-            time.sleep(0.1)
-        try:
-            os.rmdir(dirpath)
-        except OSError:
-            pass
+            try:
+                os.rmdir(dirpath)
+                break
+            except FileNotFoundError:
+                break
+            except OSError:                         # a task is still in it, or just joined
+                time.sleep(0.1)

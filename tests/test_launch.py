@@ -252,7 +252,10 @@ def test_ctrl_c_leaves_no_process_behind(tmp_path):
     """A script that launches ranks which hang, interrupted with SIGINT: every rank must go."""
     script = tmp_path / "hang.py"
     script.write_text(textwrap.dedent("""
-        import os, time
+        import os, signal, time
+        # Ctrl-C as from a terminal, even when the suite runs with SIGINT ignored (nohup, a
+        # background job of a non-interactive shell): that disposition is inherited.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         from zerocourse import launch
         def hang(rank, world_size):
             print("ranks up", flush=True)

@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -41,6 +42,20 @@ def test_two_grading_runs_never_share_a_uid():
         c.release()
 
 
+def _runs_in(cgroup: str, comm: str) -> bool:
+    """Does a process named `comm` run in this cgroup?"""
+    with open(os.path.join(cgroup, "cgroup.procs")) as f:
+        pids = f.read().split()
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/comm") as f:
+                if f.read().strip() == comm:
+                    return True
+        except OSError:
+            pass
+    return False
+
+
 @ROOT_ONLY
 def test_a_submission_box_holds_its_command_and_leaves_nothing_behind():
     box = resources.SubmissionBox(mem=1 << 30, cpu_shares=2048, pids=64)
@@ -60,12 +75,33 @@ def test_a_submission_box_holds_its_command_and_leaves_nothing_behind():
         proc = subprocess.run(["dd", "if=/dev/zero", f"of={base}/fill", "bs=1M", "count=200"],
                               capture_output=True)
         assert proc.returncode != 0 and os.path.getsize(f"{base}/fill") <= resources.BOX_BYTES
-        # A process left running in it is killed when the box closes.
+        # A process left running in it is killed when the box closes (once it runs there:
+        # the box's command joins its cgroups first, then becomes `sleep`).
         left = subprocess.Popen(box.cmd(["sleep", "600"]))
+        deadline = time.monotonic() + 60
+        while not _runs_in(cgroups["pids"], "sleep") and time.monotonic() < deadline:
+            assert left.poll() is None, "the box's command ended before it ran"
+            time.sleep(0.05)
+        assert _runs_in(cgroups["pids"], "sleep")
     finally:
         box.close()
     assert left.wait(timeout=10) != 0
     assert not os.path.exists(base) and not any(os.path.exists(p) for p in cgroups.values())
+
+
+@ROOT_ONLY
+def test_a_box_closed_while_its_command_joins_leaves_nothing_behind():
+    """close() right after Popen: the command may join a cgroup after close() saw it empty
+    (rmdir then fails with EBUSY); close() must still kill it and remove every cgroup."""
+    for i in range(20):
+        box = resources.SubmissionBox(mem=1 << 30, cpu_shares=1024, pids=64)
+        base, cgroups = box.base, dict(box.cgroups)
+        left = subprocess.Popen(box.cmd(["sleep", "600"]), stderr=subprocess.DEVNULL)
+        time.sleep(i * 0.0005)          # 0-10 ms: the join lands before, during, after close()
+        box.close()
+        left.wait(timeout=10)
+        assert not os.path.exists(base)
+        assert not [p for p in cgroups.values() if os.path.exists(p)], cgroups
 
 
 def test_preflight_names_a_zerocourse_from_another_checkout(monkeypatch):
