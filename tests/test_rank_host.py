@@ -144,6 +144,21 @@ def test_each_rank_is_a_user_of_its_own_with_nothing_of_the_host(host):
         assert set(me["fds"].values()) <= {"unix", "tcp", "pipe", "file", "other"}
 
 
+def _preloaded(rank, world_size):
+    """Which of the fork server's preloads were in this rank before its own code ran."""
+    import sys
+    from zerocourse.launch import FORKSERVER_PRELOAD
+    return {m: m in sys.modules for m in FORKSERVER_PRELOAD}
+
+
+def test_ranks_start_with_what_the_fork_server_preloads(host):
+    """The host forks ranks from a process that imported what the learner-side fork server
+    preloads: torch._dynamo, imported by a rank's first torch.optim step, cost 2.1-2.4 s per
+    rank per launch when each rank imported it (04's graded cells: ~50 of their 64 s)."""
+    for preloaded in launch(_preloaded, 2):
+        assert all(preloaded.values()), preloaded
+
+
 def _fails(rank, world_size):
     if rank == 1:
         raise ValueError("rank 1 says no")
