@@ -32,13 +32,15 @@ sandbox-tools:
 # Two pytest workers: the grading battery mostly waits on timeouts and kernels, so it overlaps
 # well with the rest even on 2 cores. Work units are groups (tests/conftest.py): a file whose
 # tests share a module fixture goes whole to one worker, the tests of the other files one by
-# one, longest first. The browser test runs after, alone: a browser, a Jupyter server and ranks
-# beside two busy workers overload a 2-core machine. The hub test comes last, alone too (a hub,
-# three users' servers, a browser and grading). The last lines give each part's wall time.
+# one, longest first. Beside them, in a second lane (`||`), the browser test and then the hub
+# test: they mostly wait (on a browser, servers, kernels: 127 CPU-s in 4:46 alone), so beside
+# the workers they cost little CPU, and one after the other they never share apt, a browser or
+# a port. The last lines give each part's wall time.
 TEST_WORKERS ?= 2
 test: setup sandbox-tools
 	$(PY) tests/run_parts.py \
 	  "parallel part=$(PY) -m pytest tests -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder --durations=25 --ignore=tests/test_browser.py --ignore=tests/test_hub.py" \
+	  "||" \
 	  "browser=$(PY) -m pytest tests/test_browser.py" \
 	  "hub=$(PY) -m pytest tests/test_hub.py"
 

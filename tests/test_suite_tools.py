@@ -118,6 +118,42 @@ def test_run_parts_prints_each_part_and_stops_at_the_first_failure(capfd):
 def test_run_parts_refuses_a_malformed_part():
     with pytest.raises(SystemExit, match="NAME=COMMAND"):
         run_parts.parse(["no command here"])
+    for bad in (["a=true", "||"], ["||", "a=true"], ["a=true", "||", "||", "b=true"]):
+        with pytest.raises(SystemExit, match="a lane has no part"):
+            run_parts.parse_lanes(bad)
+    with pytest.raises(SystemExit, match="share a name"):
+        run_parts.parse_lanes(["a=true", "||", "a=true"])
+
+
+def test_run_parts_runs_lanes_at_once_and_reports_every_part(tmp_path, monkeypatch, capfd):
+    """Two lanes that each wait for the other's file: they pass only if they run at the same
+    time. A failure in the side lane stops that lane, not the first; the side lane's output is
+    printed whole once it ends, and the exit status is the failed part's."""
+    monkeypatch.setattr(run_parts, "TIMINGS", str(tmp_path))
+    py = sys.executable
+    wait = ("import os, sys, time; open(sys.argv[1], 'w').close(); t = time.monotonic()\n"
+            "while not os.path.exists(sys.argv[2]):\n"
+            "    assert time.monotonic() - t < 60, 'the other lane never ran'; time.sleep(0.05)\n"
+            "print('side says', sys.argv[3])")
+    script = tmp_path / "wait.py"
+    script.write_text(wait)
+    a, b = tmp_path / "a", tmp_path / "b"
+    rc = run_parts.main([f"first={py} {script} {a} {b} one", f"after first={py} -c pass", "||",
+                         f"side={py} {script} {b} {a} two", f"side fails={py} -c 'raise SystemExit(4)'",
+                         f"side skipped={py} -c pass"])
+    out = capfd.readouterr().out
+    assert rc == 4, out
+    lines = out.splitlines()
+    tail = lines[-7:]
+    assert tail[0].startswith("== make test wall time")
+    assert [l.split()[1] for l in tail[1:6]] == ["first", "after", "side", "side", "side"]
+    assert tail[1].endswith("passed") and tail[2].endswith("passed") and tail[3].endswith("passed")
+    assert "FAILED (exit 4)" in tail[4] and "not run" in tail[5]
+    # The side lane's output is printed in one piece, after its header.
+    at = lines.index("== side: its output (artifacts/timings/side.log):".replace(
+        "artifacts/timings", os.path.relpath(str(tmp_path), ROOT)))
+    assert lines[at + 1] == "side says two"
+    assert "side says one" in out.split("== side: its output")[0]
 
 
 def test_make_test_runs_its_parts_through_run_parts():
@@ -126,6 +162,8 @@ def test_make_test_runs_its_parts_through_run_parts():
     assert "tests/run_parts.py" in recipe and "--dist loadgroup --no-loadscope-reorder" in recipe
     for part in ("parallel part=", "browser=", "hub="):
         assert part in recipe
+    # The browser and hub tests run in one lane beside the workers, one after the other.
+    assert recipe.index("parallel part=") < recipe.index('"||"') < recipe.index("browser=") < recipe.index("hub=")
 
 
 # -- make test-gpu ---------------------------------------------------------------------------
