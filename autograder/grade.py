@@ -38,7 +38,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from autograder.nbgrader_run import ROOT, assignments, nbgrader  # noqa: E402
+from autograder import nbgrader_forks  # noqa: E402
+from autograder.nbgrader_run import HERE as CONFIG_DIR, ROOT, assignments, command_env, nbgrader  # noqa: E402
 from autograder.resources import SubmissionBox, UserBlock, memory_limit  # noqa: E402
 
 FIELDS = ["student_id", "assignment_id", "score", "max_score", "pending_manual", "status", "seconds"]
@@ -287,7 +288,11 @@ def _grade_one(sid, aid, nb_path, out, env, timeout, sandbox, users, box_limits)
     run_env = dict(env, **kernel_env(base, sandbox, users, box.cgroups.get("memory") if box else None))
     t0 = time.monotonic()
     try:
-        proc = nbgrader(*step, env=run_env, timeout=timeout, wrap=box.cmd if box else None)
+        if nbgrader_forks.enabled():        # forked from a process that imported nbgrader once
+            proc = nbgrader_forks.run_autograde(step, command_env(run_env), CONFIG_DIR, timeout,
+                                                list(box.cgroups.values()) if box else [])
+        else:
+            proc = nbgrader(*step, env=run_env, timeout=timeout, wrap=box.cmd if box else None)
         log = f"$ nbgrader {' '.join(step)}\n{proc.stdout}{proc.stderr}"
         if box and box.oom_kills():
             log += (f"\n[grade.py] the submission hit its memory limit ({box_limits['mem'] >> 20} MiB): "
@@ -432,6 +437,8 @@ def grade(submissions: str, out: str, timeout: float = 1200.0, sandbox: bool = T
     # Can this machine grade at all? Checked beside the registration below, before anyone's
     # submission: a misconfigured grader stops here, naming the cause, not with a class of 0s.
     pre = _Preflight(sandbox, user_block) if any(w is None for w in why_not.values()) else None
+    if pre is not None and nbgrader_forks.enabled():
+        nbgrader_forks.warm()               # its imports overlap the gradebook's setup too
 
     # Register assignments and students first, one at a time: parallel jobs then only add rows
     # of their own submission to the gradebook.

@@ -22,6 +22,14 @@ def assignments() -> list[str]:
                   if os.path.isfile(os.path.join(src, d, f"{d}.ipynb")))
 
 
+def command_env(env: dict | None = None) -> dict:
+    """The whole environment of an nbgrader call: ours, this .venv's bin first on PATH, `env`."""
+    full_env = dict(os.environ)
+    full_env["PATH"] = BIN + os.pathsep + full_env.get("PATH", "")
+    full_env.update(env or {})
+    return full_env
+
+
 def nbgrader(*args: str, env: dict | None = None, timeout: float | None = None,
              cwd: str = HERE, wrap=None) -> subprocess.CompletedProcess:
     """Run `nbgrader *args` from `cwd` (which holds the nbgrader_config.py to use).
@@ -33,9 +41,7 @@ def nbgrader(*args: str, env: dict | None = None, timeout: float | None = None,
         cwd: folder whose nbgrader_config.py applies.
         wrap: argv -> argv that starts it elsewhere (e.g. inside a submission's cgroups).
     """
-    full_env = dict(os.environ)
-    full_env["PATH"] = BIN + os.pathsep + full_env.get("PATH", "")
-    full_env.update(env or {})
+    full_env = command_env(env)
     # Its own session, so a timeout kills nbgrader AND the kernel it started.
     argv = [os.path.join(BIN, "nbgrader"), *args]
     proc = subprocess.Popen(wrap(argv) if wrap else argv, cwd=cwd, env=full_env,

@@ -240,14 +240,18 @@ class SplitExecute(Execute):
         t0 = time.monotonic()
         spent = {"learner": 0.0, "tests": 0.0}
         per_cell: list[tuple[float, int]] = []
-        self._start_learner()
-        self._phases["learner kernel start"] = time.monotonic() - t0
+        # Both kernel processes start at once (each start-up is ~0.8 s of interpreter and
+        # ipykernel import, idle), then each is connected to in turn.
+        self._launch_learner()
         try:
-            t = time.monotonic()
-            self._start_verdict()       # imports torch and starts its ranks' server meanwhile
-            self._phases["verdict kernel start"] = time.monotonic() - t
-            self.log.info("split grading: both kernels up in %.1f s", time.monotonic() - t0)
             try:
+                self._launch_verdict()
+                self._start_learner(launched=True)
+                self._phases["learner kernel start"] = time.monotonic() - t0
+                t = time.monotonic()
+                self._start_verdict()       # imports torch and starts its ranks' server meanwhile
+                self._phases["verdict kernel start"] = time.monotonic() - t
+                self.log.info("split grading: both kernels up in %.1f s", time.monotonic() - t0)
                 for index, cell in enumerate(self.nb.cells):
                     if cell.get("cell_type") != "code":
                         continue
@@ -261,7 +265,8 @@ class SplitExecute(Execute):
                     per_cell.append((time.monotonic() - t, index))
             finally:
                 t = time.monotonic()
-                self._verdict._cleanup_kernel()
+                if self._verdict.km is not None:
+                    self._verdict._cleanup_kernel()
         finally:
             self._cleanup_kernel()
             self._phases["kernels shutdown"] = time.monotonic() - t
@@ -280,10 +285,15 @@ class SplitExecute(Execute):
         return {} if out is None else {"stdout": out, "stderr": out}
 
     # -- the learner kernel -------------------------------------------------------------
-    def _start_learner(self) -> None:
+    def _launch_learner(self) -> None:
+        """Start the learner kernel's process (not waited for: _start_learner connects)."""
         if self.km is None:
             self.km = self.create_kernel_manager()
         self.start_new_kernel(**self._output_kwargs())
+
+    def _start_learner(self, launched: bool = False) -> None:
+        if not launched:
+            self._launch_learner()
         self.start_new_kernel_client()
         info = self.wait_for_reply(self.kc.kernel_info())
         self.nb.metadata["language_info"] = info["content"]["language_info"]
@@ -419,12 +429,16 @@ class SplitExecute(Execute):
             self.nb.cells[index] = original
 
     # -- the verdict kernel -------------------------------------------------------------
-    def _start_verdict(self) -> None:
+    def _launch_verdict(self) -> None:
+        """Start the verdict kernel's process (not waited for: _start_verdict connects)."""
         v = self._verdict
         v.km = v.create_kernel_manager()
         if os.environ.get("ZEROCOURSE_VERDICT_IPC"):     # its own folder, not the learner's
             v.km.transport, v.km.ip = "ipc", os.environ["ZEROCOURSE_VERDICT_IPC"]
         v.start_new_kernel(**self._output_kwargs())
+
+    def _start_verdict(self) -> None:
+        v = self._verdict
         v.start_new_kernel_client()
         t = time.monotonic()
         v.wait_for_reply(v.kc.kernel_info())
