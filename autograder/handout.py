@@ -24,7 +24,7 @@ COPY = ["notebooks", "zerocourse", "data", "requirements.txt", "pyproject.toml",
 # What `make check` imports: the split execution of the grader, run on the learner's notebook.
 AUTOGRADER = ["__init__.py", "check.py", "grade.py", "feedback.py", "nbgrader_run.py",
               "split_execute.py", "verdict.py", "learner_rpc.py", "sandbox_kernel.py", "resources.py",
-              "preflight.py"]
+              "preflight.py", "nbgrader_forks.py"]
 MARKERS = ("BEGIN SOLUTION", "END SOLUTION", "BEGIN HIDDEN TESTS", "END HIDDEN TESTS")
 IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", ".ipynb_checkpoints", "*.egg-info")
 

@@ -1,6 +1,7 @@
 """The one measured source of the run times the README and WORKSHOP print: docs/measured.json.
 
-    python -m tests.measured --from-timings artifacts/timings/notebook_run_s.json   # after make test
+    python -m tests.measured --from-timings artifacts/timings/notebook_run_s.json   # (refused since
+                                   # make test's runs leave the test cells' checks out: use bench)
     python -m tests.measured --from-grading artifacts/timings/grading_s.json        # after make test
     python -m tests.measured --from-bench bench/results.json                        # after make bench
     python -m tests.measured --write          # render README's and WORKSHOP's tables from it
@@ -210,6 +211,13 @@ def from_timings(m: dict, path: str) -> dict:
     """make test's artifacts/timings/notebook_run_s.json ({aid: {seconds, load}}) -> "run"."""
     with open(path, encoding="utf-8") as f:
         data = json.load(f)
+    partial = sorted(aid for aid, row in data.items() if row.get("test_cells") == "definitions only")
+    if partial:
+        # Since 2026-12-01 make test's runs give the test cells only their definitions
+        # (tests/test_notebooks.py): not a learner's run, so not README's "runs in".
+        raise SystemExit(f"{path}: make test ran {', '.join(partial)} without their test cells' "
+                         f"checks, which is not how long the notebook runs: measure whole runs "
+                         f"with make bench BENCH_ARGS=\"--only notebooks\" and use --from-bench")
     for aid, row in data.items():
         m.setdefault("run", {})[aid] = {"seconds": round(row["seconds"], 1), "load": row.get("load")}
     m.setdefault("how", {})["run"] = ("the solution notebook top to bottom, headless "

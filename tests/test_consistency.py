@@ -437,6 +437,11 @@ def test_a_measurement_is_recorded_with_its_date_and_source(tmp_path):
     timings.write_text(json.dumps({"00_setup": {"seconds": 12.34, "load": 2.5}}))
     m = measured.from_timings({"run": {}, "grade": {}}, str(timings))
     assert m["run"]["00_setup"] == {"seconds": 12.3, "load": 2.5}
+    # make test's runs now leave the test cells' checks out: never README's "runs in".
+    partial = tmp_path / "partial.json"
+    partial.write_text(json.dumps({"00_setup": {"seconds": 5.0, "test_cells": "definitions only"}}))
+    with pytest.raises(SystemExit, match="--only notebooks"):
+        measured.from_timings({"run": {}, "grade": {}}, str(partial))
     assert re.match(r"\d{4}-\d\d-\d\d$", m["measured"]) and "test_notebooks" in m["how"]["run"]
     bench = tmp_path / "results.json"
     bench.write_text(json.dumps({"notebooks": {"00_setup": {"execute_s": 9.87}},
