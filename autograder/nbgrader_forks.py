@@ -112,7 +112,7 @@ def run_autograde(args: list[str], env: dict, cwd: str, timeout: float | None,
     """
     with tempfile.TemporaryDirectory(prefix="zcnbg-") as tmp:
         out_path, err_path = os.path.join(tmp, "stdout"), os.path.join(tmp, "stderr")
-        proc = _context().Process(target=_child, daemon=False, args=(
+        proc = _context().Process(target=_child, args=(
             list(args), dict(env), cwd, [os.path.join(c, "cgroup.procs") for c in cgroups],
             out_path, err_path))
         proc.start()
@@ -126,7 +126,7 @@ def run_autograde(args: list[str], env: dict, cwd: str, timeout: float | None,
                 proc.join(30)
         out, err = _read_capped(out_path), _read_capped(err_path)
     code = proc.exitcode if proc.exitcode is not None else -signal.SIGKILL
-    return subprocess.CompletedProcess(["nbgrader", *args], code if code >= 0 else code, out, err)
+    return subprocess.CompletedProcess(["nbgrader", *args], code, out, err)
 
 
 def _read_capped(path: str, keep: int = LOG_BYTES) -> str:
