@@ -31,6 +31,7 @@ import os
 import re
 import stat
 import shutil
+import subprocess
 import sys
 import tempfile
 import threading
@@ -117,6 +118,26 @@ def _score(db_path: str, aid: str, sid: str) -> float | None:
             return float(gb.find_submission(aid, sid).score)
         except MissingEntry:
             return None
+
+
+def rank_preload(aid: str) -> str:
+    """ZEROCOURSE_RANK_PRELOAD for aid's kernels (zerocourse.launch.forkserver_preload):
+    "light" where no code cell of its source (solutions and hidden tests) mentions optim, so
+    no rank steps an optimizer and the fork servers need not import torch._dynamo; else "full"."""
+    try:
+        with open(os.path.join(ROOT, "solutions", aid, f"{aid}.ipynb"), encoding="utf-8") as f:
+            cells = json.load(f)["cells"]
+    except (OSError, ValueError, KeyError):
+        return "full"
+    code = "".join("".join(c.get("source", "")) for c in cells if c.get("cell_type") == "code")
+    return "full" if "optim" in code else "light"
+
+
+def _nbgrader(*args: str, env: dict, timeout: float) -> subprocess.CompletedProcess:
+    """An nbgrader call of grade.py's own (not a submission's): forked like autograde."""
+    if nbgrader_forks.enabled():
+        return nbgrader_forks.run(list(args), command_env(env), CONFIG_DIR, timeout)
+    return nbgrader(*args, env=env, timeout=timeout)
 
 
 def _user_tasks() -> int:
@@ -250,7 +271,7 @@ def feedback(out: str, env: dict, aid: str, sids: list[str]) -> list[str]:
     for path in graded:
         rubric.strip(path)
     try:
-        proc = nbgrader("generate_feedback", aid, "--force", env=env, timeout=600)
+        proc = _nbgrader("generate_feedback", aid, "--force", env=env, timeout=600)
     finally:
         for path in graded:
             rubric.add(path, aid)
@@ -285,11 +306,12 @@ def _grade_one(sid, aid, nb_path, out, env, timeout, sandbox, users, box_limits)
     step = ["autograde", aid, "--student", sid, "--create", "--force"]
     box = SubmissionBox(box_limits["mem"], box_limits["cpu_shares"]) if sandbox else None
     base = box.base if box else tempfile.mkdtemp(prefix="zcsb-")
-    run_env = dict(env, **kernel_env(base, sandbox, users, box.cgroups.get("memory") if box else None))
+    run_env = dict(env, **kernel_env(base, sandbox, users, box.cgroups.get("memory") if box else None),
+                   ZEROCOURSE_RANK_PRELOAD=rank_preload(aid))
     t0 = time.monotonic()
     try:
         if nbgrader_forks.enabled():        # forked from a process that imported nbgrader once
-            proc = nbgrader_forks.run_autograde(step, command_env(run_env), CONFIG_DIR, timeout,
+            proc = nbgrader_forks.run(step, command_env(run_env), CONFIG_DIR, timeout,
                                                 list(box.cgroups.values()) if box else [])
         else:
             proc = nbgrader(*step, env=run_env, timeout=timeout, wrap=box.cmd if box else None)
@@ -444,7 +466,7 @@ def grade(submissions: str, out: str, timeout: float = 1200.0, sandbox: bool = T
     # of their own submission to the gradebook.
     registered = set()
     for aid in sorted({aid for key, aid in work if why_not[(key, aid)] is None}):
-        proc = nbgrader("generate_assignment", aid, "--force",
+        proc = _nbgrader("generate_assignment", aid, "--force",
                         f"--CourseDirectory.release_directory={os.path.join(out, 'release')}",
                         env=env, timeout=600)
         if proc.returncode != 0:
@@ -538,7 +560,10 @@ class _Preflight:
     def __init__(self, sandbox: bool, users: UserBlock):
         self.error, self.seconds = None, None
         self.base = tempfile.mkdtemp(prefix="zcpf-")
-        env = kernel_env(self.base, sandbox, users.slot(0))
+        # Its learner kernel launches nothing (no fork server to warm) and its one launch
+        # steps no optimizer (a light preload): grading's own kernels are not made lighter.
+        env = dict(kernel_env(self.base, sandbox, users.slot(0)), ZEROCOURSE_WARM_UP="0",
+                   ZEROCOURSE_RANK_PRELOAD="light")
         self.thread = threading.Thread(target=self._run, args=(env, sandbox), daemon=True)
         self.thread.start()
 

@@ -3,7 +3,7 @@
 Every `nbgrader autograde` used to be a new interpreter that first spent about 2 s of CPU
 importing nbgrader (with jupyter_server, tornado, nbconvert, SQLAlchemy) before it graded
 anything: 2.06 CPU-s measured, a sixth of 00's whole grading, paid again by each submission.
-`run_autograde` forks the call instead, from multiprocessing's fork server with those modules
+`run` forks the call instead, from multiprocessing's fork server with those modules
 preloaded (started on the first call of a grading run, it lives as long as grade.py).
 
 What the server is, and is not:
@@ -99,9 +99,10 @@ def _child(args: list[str], env: dict, cwd: str, cgroup_procs: list[str], out_pa
             os._exit(code)
 
 
-def run_autograde(args: list[str], env: dict, cwd: str, timeout: float | None,
+def run(args: list[str], env: dict, cwd: str, timeout: float | None,
                   cgroups: list[str] = ()) -> subprocess.CompletedProcess:
-    """`nbgrader *args` forked from the preloaded server; like subprocess.run(capture_output).
+    """`nbgrader *args` forked from the preloaded server; like subprocess.run(capture_output):
+    each autograde, and grade.py's generate_assignment and generate_feedback.
 
     Args:
         args: the nbgrader subcommand and its arguments.

@@ -57,8 +57,8 @@ MERGED = ("bin", "lib", "lib64", "sbin")     # /bin -> usr/bin on a merged-/usr 
 PASS_ENV = {"PATH", "LANG", "LC_ALL", "TZ", "PYTHONPATH", "NBGRADER_EXECUTION",
             "NBGRADER_VALIDATING", "OMP_NUM_THREADS", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE",
             "ZEROCOURSE_TIMEOUT", "ZEROCOURSE_COLLECTIVE_TIMEOUT", "ZEROCOURSE_DEVICE_PROXY",
-            "ZEROCOURSE_TRUSTED", "ZEROCOURSE_WARM_UP", "ZEROCOURSE_OUTPUT_LIMIT",
-            "ZEROCOURSE_DATA_DIR", "ZEROCOURSE_SANDBOX"}
+            "ZEROCOURSE_TRUSTED", "ZEROCOURSE_WARM_UP", "ZEROCOURSE_RANK_PRELOAD",
+            "ZEROCOURSE_OUTPUT_LIMIT", "ZEROCOURSE_DATA_DIR", "ZEROCOURSE_SANDBOX"}
 PASS_PREFIX = ("TORCH_", "GLOO_")
 # What each role imports from autograder/ (the rest of it, instructor material, stays out).
 AUTOGRADER_FILES = {"learner": ("learner_rpc.py",), "verdict": ("__init__.py", "verdict.py"),

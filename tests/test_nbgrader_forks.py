@@ -41,8 +41,8 @@ def _seen(out: str) -> list[str]:
 
 
 def test_a_call_is_the_command_and_leaves_nothing_for_the_next(folder):
-    first = nbgrader_forks.run_autograde(["db", "student", "list"], command_env({"ZC_PROBE": "one"}), folder, 120)
-    second = nbgrader_forks.run_autograde(["db", "student", "list"], command_env({"ZC_PROBE": "two"}), folder, 120)
+    first = nbgrader_forks.run(["db", "student", "list"], command_env({"ZC_PROBE": "one"}), folder, 120)
+    second = nbgrader_forks.run(["db", "student", "list"], command_env({"ZC_PROBE": "two"}), folder, 120)
     plain = subprocess.run([os.path.join(os.path.dirname(sys.executable), "nbgrader"), "db", "student", "list"],
                            cwd=folder, env=command_env({"ZC_PROBE": "two"}), capture_output=True,
                            text=True, timeout=120)
@@ -57,7 +57,7 @@ def test_a_call_is_the_command_and_leaves_nothing_for_the_next(folder):
 
 def test_a_failing_call_exits_as_the_command_does(folder):
     args = ["db", "student", "list"]
-    got = nbgrader_forks.run_autograde(args, command_env({"ZC_EXIT": "3"}), folder, 120)
+    got = nbgrader_forks.run(args, command_env({"ZC_EXIT": "3"}), folder, 120)
     plain = subprocess.run([os.path.join(os.path.dirname(sys.executable), "nbgrader"), *args],
                            cwd=folder, env=command_env({"ZC_EXIT": "3"}), capture_output=True,
                            text=True, timeout=120)
@@ -68,7 +68,7 @@ def test_a_timeout_kills_the_call_and_what_it_started(folder):
     before = descendants(os.getpid())
     t0 = time.monotonic()
     with pytest.raises(subprocess.TimeoutExpired):
-        nbgrader_forks.run_autograde(["db", "student", "list"], command_env({"ZC_HANG": "1"}), folder, 3)
+        nbgrader_forks.run(["db", "student", "list"], command_env({"ZC_HANG": "1"}), folder, 3)
     assert time.monotonic() - t0 < 60
     left = descendants(os.getpid()) - before
     # What stays is the fork server alone (it lives as long as this process), never a call.
@@ -83,7 +83,7 @@ def test_a_call_runs_inside_the_submissions_cgroups(folder):
     box = SubmissionBox(1 << 30, 1024)
     try:
         assert box.cgroups, "no cgroup was made"
-        got = nbgrader_forks.run_autograde(["db", "student", "list"], command_env(), folder, 120, list(box.cgroups.values()))
+        got = nbgrader_forks.run(["db", "student", "list"], command_env(), folder, 120, list(box.cgroups.values()))
         line = next(l for l in got.stdout.splitlines() if l.startswith("CGROUP "))
         for ctrl, path in box.cgroups.items():
             assert os.path.basename(path) in line, (ctrl, line)

@@ -16,7 +16,9 @@ the kernel: its figures are checked at the end.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
+import itertools
 import os
 import shutil
 import signal
@@ -38,6 +40,18 @@ ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="per-rank users and cgr
 @pytest.fixture(scope="module")
 def host():
     """A rank host as the grader starts it, and this process as its verdict kernel."""
+    with _hosted() as h:
+        yield h
+
+
+_HOSTS = itertools.count()
+_open_hosts = [0]                   # hosts open now (one may be started while another is)
+
+
+@contextlib.contextmanager
+def _hosted(extra_env: dict | None = None):
+    """Start a rank host (its environment: ours plus extra_env) and talk to it from here;
+    afterwards whatever host this process talked to before is its host again."""
     if shutil.which("bwrap") is None:
         pytest.skip("bubblewrap is not installed (make test installs it as root)")
     from autograder import sandbox_kernel
@@ -45,9 +59,9 @@ def host():
     from zerocourse import rank_host
     users = UserBlock.reserve(1)
     slot = users.slot(0)
-    memcg = _make_cgroup("memory", f"zerocourse-test-{os.getpid()}", {"memory.use_hierarchy": 1}) \
-        if os.geteuid() == 0 else None
-    env = dict(os.environ)
+    name = f"zerocourse-test-{os.getpid()}-{next(_HOSTS)}"       # one cgroup per host
+    memcg = _make_cgroup("memory", name, {"memory.use_hierarchy": 1}) if os.geteuid() == 0 else None
+    env = dict(os.environ, **(extra_env or {}))
     if slot:
         env.update(ZC_HOST_UID_BASE=str(slot["ranks"]), ZC_HOST_GID=str(slot["group"]))
     if memcg:
@@ -56,8 +70,12 @@ def host():
     import cloudpickle
     # This module's functions travel by value, as a notebook's do (the host's sandbox shows
     # no tests/ folder to import them from).
-    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    nested = _open_hosts[0] > 0
+    if not nested:
+        cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    _open_hosts[0] += 1
     saved = {k: os.environ.get(k) for k in ("ZEROCOURSE_TRUSTED", rank_host.ENV_FD)}
+    saved_client = rank_host._CLIENT
     fd = sandbox_kernel.start_rank_host(env)
     os.environ.update({"ZEROCOURSE_TRUSTED": "1", rank_host.ENV_FD: str(fd)})
     rank_host._CLIENT = None
@@ -67,7 +85,7 @@ def host():
         client = rank_host._CLIENT
         if client is not None:
             client.sock.close()
-        rank_host._CLIENT = None
+        rank_host._CLIENT = saved_client
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
@@ -77,7 +95,9 @@ def host():
         if memcg:
             _empty_and_remove(memcg)
         users.release()
-        cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+        _open_hosts[0] -= 1
+        if not nested:
+            cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
 
 
 # --------------------------------------------------------------------------
@@ -157,6 +177,49 @@ def test_ranks_start_with_what_the_fork_server_preloads(host):
     rank per launch when each rank imported it (04's graded cells: ~50 of their 64 s)."""
     for preloaded in launch(_preloaded, 2):
         assert all(preloaded.values()), preloaded
+
+
+def _adam_step(rank, world_size):
+    """Whether torch._dynamo was in this rank before its code ran, and one Adam step (which
+    imports it)."""
+    import sys
+    import torch
+    before = "torch._dynamo" in sys.modules
+    p = torch.nn.Parameter(torch.ones(3))
+    opt = torch.optim.Adam([p], lr=0.1)
+    p.grad = torch.tensor([1.0, -2.0, 3.0]) * (-1) ** rank
+    opt.step()
+    return before, p.detach().tolist()
+
+
+def test_a_light_preload_leaves_dynamo_to_ranks_that_step_an_optimizer():
+    """ZEROCOURSE_RANK_PRELOAD=light (grade.py's choice for a notebook whose source never
+    mentions optim, and its preflight's): the host preloads only torch and the rank module,
+    ~2 CPU-s less per host; a rank that does step an optimizer still gets its result."""
+    import torch
+    p = torch.nn.Parameter(torch.ones(3))
+    opt = torch.optim.Adam([p], lr=0.1)
+    want = []
+    for rank in range(2):                  # the oracle: the same step here, per rank's grad
+        with torch.no_grad():
+            p.fill_(1.0)
+        opt.state.clear()
+        p.grad = torch.tensor([1.0, -2.0, 3.0]) * (-1) ** rank
+        opt.step()
+        want.append(p.detach().tolist())
+    with _hosted({"ZEROCOURSE_RANK_PRELOAD": "light"}):
+        got = launch(_adam_step, 2)
+    assert [before for before, _ in got] == [False, False], got
+    assert [x for _, w in got for x in w] == pytest.approx([x for w in want for x in w]), (got, want)
+
+
+def test_grading_preloads_light_only_for_notebooks_that_never_mention_optim():
+    from autograder.grade import rank_preload
+    from autograder.nbgrader_run import assignments
+    chosen = {aid: rank_preload(aid) for aid in assignments()}
+    assert chosen["00_setup"] == "light" and chosen["04_zero2"] == "full", chosen
+    assert set(chosen.values()) == {"light", "full"}
+    assert rank_preload("99_not_a_notebook") == "full"     # unknown: the safe, full preload
 
 
 def _fails(rank, world_size):

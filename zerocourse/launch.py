@@ -144,12 +144,24 @@ FORKSERVER_PRELOAD = ["zerocourse._rank", "torch._dynamo", "torch.distributed.fs
                       "torch.distributed.checkpoint", "torch.distributed.optim"]
 
 
+def forkserver_preload() -> list[str]:
+    """What a fork server (or the rank host) preloads: FORKSERVER_PRELOAD, or with
+    ZEROCOURSE_RANK_PRELOAD=light only zerocourse._rank (torch, torch.distributed).
+
+    The rest buys nothing where no rank steps an optimizer, and costs ~2 CPU-s per server:
+    grade.py asks for "light" for a notebook whose source never mentions optim (00_setup,
+    graded most often), and its preflight does. A rank that needs more imports it itself."""
+    if os.environ.get("ZEROCOURSE_RANK_PRELOAD", "full") == "light":
+        return FORKSERVER_PRELOAD[:1]
+    return list(FORKSERVER_PRELOAD)
+
+
 def _context():
-    """The forkserver context, preloading torch and what ranks import (FORKSERVER_PRELOAD) once."""
+    """The forkserver context, preloading torch and what ranks import (forkserver_preload()) once."""
     global _ctx
     if _ctx is None:
         _ctx = mp.get_context("forkserver")
-        _ctx.set_forkserver_preload(FORKSERVER_PRELOAD)
+        _ctx.set_forkserver_preload(forkserver_preload())
     return _ctx
 
 
