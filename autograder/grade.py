@@ -306,8 +306,11 @@ def _grade_one(sid, aid, nb_path, out, env, timeout, sandbox, users, box_limits)
     step = ["autograde", aid, "--student", sid, "--create", "--force"]
     box = SubmissionBox(box_limits["mem"], box_limits["cpu_shares"]) if sandbox else None
     base = box.base if box else tempfile.mkdtemp(prefix="zcsb-")
+    # No fork server warmed at `import zerocourse`: under grading the tests' ranks run in the
+    # rank host and the demos skip themselves, so the learner kernel's server mostly went
+    # unused (2-5 CPU-s a submission); a learner cell that does launch starts it then.
     run_env = dict(env, **kernel_env(base, sandbox, users, box.cgroups.get("memory") if box else None),
-                   ZEROCOURSE_RANK_PRELOAD=rank_preload(aid))
+                   ZEROCOURSE_RANK_PRELOAD=rank_preload(aid), ZEROCOURSE_WARM_UP="0")
     t0 = time.monotonic()
     try:
         if nbgrader_forks.enabled():        # forked from a process that imported nbgrader once

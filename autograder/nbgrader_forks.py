@@ -81,6 +81,7 @@ def _child(args: list[str], env: dict, cwd: str, cgroup_procs: list[str], out_pa
         os.environ.update(env)
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         sys.argv = [os.path.join(os.path.dirname(sys.executable), "nbgrader"), *args]
+        _alembic_head_in_process()
         from nbgrader.apps.nbgraderapp import main
         try:
             main()
@@ -97,6 +98,19 @@ def _child(args: list[str], env: dict, cwd: str, cgroup_procs: list[str], out_pa
             sys.stderr.flush()
         finally:
             os._exit(code)
+
+
+def _alembic_head_in_process() -> None:
+    """A new gradebook records its schema's head revision, which nbgrader asks of an `alembic
+    heads` subprocess: a fresh interpreter, 2.3 CPU-s per grading run. The same revision is
+    read here from nbgrader's own migration scripts (0.2 s)."""
+    import nbgrader.api
+    from nbgrader import dbutil
+
+    def head() -> str:
+        from alembic.script import ScriptDirectory
+        return ScriptDirectory(dbutil.ALEMBIC_DIR).get_current_head()
+    nbgrader.api.get_alembic_version = head
 
 
 def run(args: list[str], env: dict, cwd: str, timeout: float | None,

@@ -55,6 +55,26 @@ def test_a_call_is_the_command_and_leaves_nothing_for_the_next(folder):
         [l for l in plain.stderr.splitlines() if "ON STDERR" not in l]
 
 
+def _schema_version(folder: str) -> list:
+    import sqlite3
+    with sqlite3.connect(os.path.join(folder, "gradebook.db")) as db:
+        return db.execute("SELECT version_num FROM alembic_version").fetchall()
+
+
+def test_a_new_gradebook_records_the_schema_version_the_command_records(tmp_path):
+    """A call reads the schema's head revision in-process; the command asks `alembic heads`."""
+    forked, plain = tmp_path / "forked", tmp_path / "plain"
+    for d in (forked, plain):
+        d.mkdir()
+        (d / "nbgrader_config.py").write_text("c = get_config()\n")
+    got = nbgrader_forks.run(["db", "student", "list"], command_env(), str(forked), 120)
+    ran = subprocess.run([os.path.join(os.path.dirname(sys.executable), "nbgrader"), "db", "student", "list"],
+                         cwd=str(plain), env=command_env(), capture_output=True, text=True, timeout=120)
+    assert got.returncode == ran.returncode == 0, (got, ran)
+    assert _schema_version(str(forked)) == _schema_version(str(plain)) != [], \
+        (_schema_version(str(forked)), _schema_version(str(plain)))
+
+
 def test_a_failing_call_exits_as_the_command_does(folder):
     args = ["db", "student", "list"]
     got = nbgrader_forks.run(args, command_env({"ZC_EXIT": "3"}), folder, 120)
