@@ -133,11 +133,14 @@ def rank_preload(aid: str) -> str:
     return "full" if "optim" in code else "light"
 
 
-def _nbgrader(*args: str, env: dict, timeout: float) -> subprocess.CompletedProcess:
-    """An nbgrader call of grade.py's own (not a submission's): forked like autograde."""
+def _nbgrader(*args: str, env: dict, timeout: float, box: SubmissionBox | None = None
+              ) -> subprocess.CompletedProcess:
+    """`nbgrader *args`, forked from a process that imported nbgrader once (nbgrader_forks),
+    else the command; inside `box`'s cgroups when given (a submission's autograde)."""
     if nbgrader_forks.enabled():
-        return nbgrader_forks.run(list(args), command_env(env), CONFIG_DIR, timeout)
-    return nbgrader(*args, env=env, timeout=timeout)
+        return nbgrader_forks.run(list(args), command_env(env), CONFIG_DIR, timeout,
+                                  list(box.cgroups.values()) if box else [])
+    return nbgrader(*args, env=env, timeout=timeout, wrap=box.cmd if box else None)
 
 
 def _user_tasks() -> int:
@@ -313,11 +316,7 @@ def _grade_one(sid, aid, nb_path, out, env, timeout, sandbox, users, box_limits)
                    ZEROCOURSE_RANK_PRELOAD=rank_preload(aid), ZEROCOURSE_WARM_UP="0")
     t0 = time.monotonic()
     try:
-        if nbgrader_forks.enabled():        # forked from a process that imported nbgrader once
-            proc = nbgrader_forks.run(step, command_env(run_env), CONFIG_DIR, timeout,
-                                                list(box.cgroups.values()) if box else [])
-        else:
-            proc = nbgrader(*step, env=run_env, timeout=timeout, wrap=box.cmd if box else None)
+        proc = _nbgrader(*step, env=run_env, timeout=timeout, box=box)
         log = f"$ nbgrader {' '.join(step)}\n{proc.stdout}{proc.stderr}"
         if box and box.oom_kills():
             log += (f"\n[grade.py] the submission hit its memory limit ({box_limits['mem'] >> 20} MiB): "
