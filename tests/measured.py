@@ -53,6 +53,11 @@ def runs_in(seconds: float | None) -> str:
     return f"{seconds:.0f} s" if seconds < 100 else f"{seconds / 60:.1f} min"
 
 
+def dated(m: dict, part: str) -> str:
+    """The day `part`'s figures were measured: its own stamp, else the file's (older files)."""
+    return m.get("stamps", {}).get(part, {}).get("measured") or m["measured"]
+
+
 def _fig(m: dict, part: str, aid: str) -> dict | None:
     row = m.get(part, {}).get(aid)
     return row if isinstance(row, dict) and row.get("seconds") is not None else None
@@ -103,7 +108,7 @@ def render_readme(text: str, m: dict, aids: list[str]) -> str:
         col = next((j for j, c in enumerate(header) if c.startswith("runs in")), None)
         if col is None:
             continue
-        header[col] = f"runs in (2 cores, busy; {m['measured']})"
+        header[col] = f"runs in (2 cores, busy; {dated(m, 'run')})"
         lines[h] = _row(header)
         for i in _table_rows(lines, h):
             cells = _cells(lines[i])
@@ -124,7 +129,10 @@ def render_workshop(text: str, m: dict, aids: list[str]) -> str:
         grade = next((j for j, c in enumerate(header) if c.startswith("`make grade`, one submission")), None)
         jobs = [j for j, c in enumerate(header) if re.match(r"JOBS=\d", c)]
         if run is not None:
-            header[run] = f"solution run top to bottom (busy, {m['measured']})"
+            header[run] = f"solution run top to bottom (busy, {dated(m, 'run')})"
+            lines[h] = _row(header)
+        if grade is not None:
+            header[grade] = re.sub(r"\d{4}-\d\d-\d\d", dated(m, "grade"), header[grade])
             lines[h] = _row(header)
         for i in _table_rows(lines, h):
             cells = _cells(lines[i])
@@ -199,11 +207,16 @@ def write(m: dict | None = None) -> list[str]:
 
 # --- recording a measurement -------------------------------------------------------------------
 
-def _stamp(m: dict, how: str) -> None:
+def _stamp(m: dict, how: str, parts: list[str]) -> None:
+    """Date, commit and machine of a measurement: the file's (the newest) and each part's own,
+    so a part measured another day keeps its date when another part is updated."""
     commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
                             capture_output=True, text=True).stdout.strip() or None
-    m.update(measured=datetime.date.today().isoformat(), commit=commit,
-             machine=f"{os.cpu_count()} cores ({sys.platform})")
+    stamp = dict(measured=datetime.date.today().isoformat(), commit=commit,
+                 machine=f"{os.cpu_count()} cores ({sys.platform})")
+    m.update(stamp)
+    for part in parts:
+        m.setdefault("stamps", {})[part] = dict(stamp)
     m.setdefault("how", {})["last_update"] = how
 
 
@@ -222,7 +235,7 @@ def from_timings(m: dict, path: str) -> dict:
         m.setdefault("run", {})[aid] = {"seconds": round(row["seconds"], 1), "load": row.get("load")}
     m.setdefault("how", {})["run"] = ("the solution notebook top to bottom, headless "
                                       "(tests/test_notebooks.py in make test)")
-    _stamp(m, f"run: {os.path.relpath(path, ROOT)}")
+    _stamp(m, f"run: {os.path.relpath(path, ROOT)}", ["run"])
     return m
 
 
@@ -238,7 +251,7 @@ def from_grading(m: dict, path: str) -> dict:
     m.setdefault("how", {})["grade"] = (
         "the reference solution as one submission of tests/test_grading_e2e.py's make grade parts, "
         "sandboxed (rank host, per-submission box), beside the other pytest worker")
-    _stamp(m, f"grade: {os.path.relpath(path, ROOT)}")
+    _stamp(m, f"grade: {os.path.relpath(path, ROOT)}", ["grade"])
     return m
 
 
@@ -270,7 +283,9 @@ def from_bench(m: dict, path: str) -> dict:
                         f"submissions of each notebook graded with JOBS=1 and 2 on {c['cpus']} cores "
                         f"({'sandboxed' if c['sandboxed'] else 'not sandboxed'}); not measured: "
                         f"{', '.join(c.get('not_measured', [])) or 'none'}")
-    _stamp(m, f"bench: {os.path.relpath(path, ROOT)}")
+    _stamp(m, f"bench: {os.path.relpath(path, ROOT)}",
+           [p for p, key in (("run", "notebooks"), ("grade", "autograde"), ("class", "class"))
+            if data.get(key)])
     return m
 
 

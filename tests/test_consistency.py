@@ -22,6 +22,7 @@ lands (test_known_items_still_fail prints those no longer needed; it never fails
 """
 from __future__ import annotations
 
+import datetime
 import glob
 import json
 import os
@@ -457,3 +458,22 @@ def test_a_measurement_is_recorded_with_its_date_and_source(tmp_path):
     m = measured.from_grading(m, str(grading))
     assert m["grade"]["03_zero1"] == {"seconds": 31.3, "load": 3.0} and set(m["grade"]) == {"00_setup", "03_zero1"}
     assert "test_grading_e2e" in m["how"]["grade"]
+
+
+def test_a_part_measured_another_day_keeps_its_own_date(tmp_path):
+    """Recording today's grading times leaves the run column dated the day the runs were measured."""
+    m = {"measured": "2026-01-01", "commit": "abc1234", "run": {"00_setup": {"seconds": 10.0, "load": 2.0}},
+         "grade": {}, "stamps": {"run": {"measured": "2026-01-01", "commit": "abc1234"}}}
+    bench = tmp_path / "results.json"
+    bench.write_text(json.dumps({"autograde": {"00_setup": {"reference_s": 7.0}}, "autograde_sandboxed": True}))
+    m = measured.from_bench(m, str(bench))
+    today = datetime.date.today().isoformat()
+    assert measured.dated(m, "run") == "2026-01-01" and measured.dated(m, "grade") == today
+    assert m["stamps"]["grade"]["measured"] == today and "class" not in m["stamps"]
+    table = ("| notebook | solution run top to bottom (busy, 2020-01-01) | `make grade`, one submission (idle, 2020-01-01) |\n"
+             "|---|---|---|\n| 00_setup | x | y |")
+    header = measured.render_workshop(table, m, ["00_setup"]).split("\n")[0]
+    assert header == (f"| notebook | solution run top to bottom (busy, 2026-01-01) | "
+                      f"`make grade`, one submission (idle, {today}) |")
+    # A file from before per-part stamps: every part takes the file's date.
+    assert measured.dated({"measured": "2025-05-05"}, "run") == "2025-05-05"
