@@ -10,6 +10,7 @@ fixed hidden wait shows as p95 far above p50) depends on the machine's load, so 
 that `make bench BENCH_ARGS="--only stress"` prints, never a bound here (issue 26).
 """
 import os
+import time
 
 from tests.proc_util import descendants
 from zerocourse.bench import STRESS_SCENARIOS, bench_stress
@@ -26,4 +27,16 @@ def test_concurrent_kernels_launch_without_failures_stalls_or_leftovers():
     # none, rank 0 returning at once)
     assert res["launches"] == KERNELS * (1 + ROUNDS * len(STRESS_SCENARIOS))
     assert res["leftover"] == []                       # no fork server, no rank
-    assert descendants(os.getpid()) == before          # no burner, no kernel
+    # No burner, no kernel: a process still exiting on a loaded machine may take a moment to go.
+    deadline = time.monotonic() + 20
+    while (extra := descendants(os.getpid()) - before) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not extra, {pid: _cmdline(pid) for pid in extra}
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")[:200]
+    except OSError:
+        return "(gone)"
