@@ -219,7 +219,7 @@ _DIAG_MSG = struct.Struct("=BBBB48sIIIII")       # inet_diag_msg: 72 bytes
 _ACKED_AT, _NOTSENT_AT, _BYTES_SENT_AT, _RETRANS_AT = 120, 144, 200, 208
 
 
-def _written(info: bytes) -> int:
+def tcp_info_sent(info: bytes) -> int:
     """Payload bytes a socket was given to send, from its struct tcp_info: acknowledged, in
     flight (sent once, retransmissions not counted twice) or still queued. A send returns once
     the kernel holds the bytes, so a figure read right after a collective would miss the tail
@@ -273,7 +273,7 @@ def tcp_sockets() -> list[dict]:
                             if alen < 4:
                                 break
                             if atype == _INET_DIAG_INFO and alen - 4 >= _ACKED_AT + 8:
-                                entry["sent"] = _written(body[a + 4:a + alen])
+                                entry["sent"] = tcp_info_sent(body[a + 4:a + alen])
                             a += (alen + 3) & ~3
                         out.append(entry)
                     at += (length + 3) & ~3

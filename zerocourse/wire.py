@@ -2,8 +2,8 @@
 
 `CommTracer` (comm.py) *computes* what a rank sends under the ring model from each call's
 tensor sizes. `SocketBytes` *measures* it: the kernel counts, for every TCP socket, the payload
-bytes the peer acknowledged (`tcpi_bytes_acked`, what we sent) and the payload bytes that
-arrived (`tcpi_bytes_received`). Summed over this process's TCP sockets (the socket entries of
+bytes written to it (`footprint.tcp_info_sent`: sent once or still queued, so a slow ACK
+cannot make it low) and the payload bytes that arrived (`tcpi_bytes_received`). Summed over this process's TCP sockets (the socket entries of
 /proc/self/fd, each asked for its family and protocol with SO_DOMAIN / SO_PROTOCOL, which says
 "TCP" without parsing /proc/net/tcp), read before and after a block, the difference is what went
 over gloo's connections during the block, with gloo's own framing included and TCP/IP headers
@@ -26,10 +26,12 @@ import struct
 import sys
 import time
 
+from zerocourse.footprint import tcp_info_sent
+
 # struct tcp_info (include/uapi/linux/tcp.h): 8 one-byte fields, 24 __u32, then __u64s:
 # tcpi_unacked @24 (segments sent, not yet acknowledged); pacing_rate @104,
 # max_pacing_rate @112, bytes_acked @120, bytes_received @128.
-_UNACKED_AT, _ACKED_AT, _RECEIVED_AT, _NEEDED = 24, 120, 128, 136
+_UNACKED_AT, _RECEIVED_AT, _NEEDED = 24, 128, 136
 _SETTLE_S = 2.0                                       # longest wait for in-flight ACKs (a busy machine)
 _TCP_INFO = getattr(socket, "TCP_INFO", 11)          # 11 on Linux; absent on some platforms
 
@@ -79,16 +81,18 @@ def _tcp_dup(fd: int) -> socket.socket | None:
 
 
 def _counters(s: socket.socket) -> tuple[int, int, int]:
-    """(bytes_acked, bytes_received, what is still in flight) of TCP socket `s`: the last is
-    unacknowledged segments plus queued bytes, 0 when everything sent has been acknowledged."""
+    """(bytes sent, bytes_received, what is still in flight) of TCP socket `s`: sent counts
+    what was written to it (footprint's count: acknowledged, in flight or queued), so a settle
+    cut short on a busy machine cannot make it low; in flight is unacknowledged segments plus
+    queued bytes, 0 when everything sent has been acknowledged."""
     raw = s.getsockopt(socket.IPPROTO_TCP, _TCP_INFO, 256)
     if len(raw) < _NEEDED:
         raise WireUnavailable(f"this kernel's TCP_INFO has no bytes_acked ({len(raw)} bytes < "
                               f"{_NEEDED}); not available on this OS (needs Linux >= 4.1)")
-    acked, = struct.unpack_from("Q", raw, _ACKED_AT)
+    sent = tcp_info_sent(raw)
     received, = struct.unpack_from("Q", raw, _RECEIVED_AT)
     unacked, = struct.unpack_from("I", raw, _UNACKED_AT)
-    return acked, received, unacked + _send_queue(s)
+    return sent, received, unacked + _send_queue(s)
 
 
 def _send_queue(s: socket.socket) -> int:
